@@ -1,0 +1,119 @@
+// Tensor storage and dtype bookkeeping (see tensor.hpp).
+#include "core/tensor.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace mpt {
+
+std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::f16: return 2;
+    case DType::bf16: return 2;
+    case DType::f64: return 8;
+    case DType::u8: return 1;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "float32";
+    case DType::f16: return "float16";
+    case DType::bf16: return "bfloat16";
+    case DType::f64: return "float64";
+    case DType::u8: return "uint8";
+    case DType::i32: return "int32";
+    case DType::i64: return "int64";
+  }
+  return "?";
+}
+
+DType dtype_from_name(const std::string& name, const std::string& option) {
+  if (name == "fp32" || name == "float32") return DType::f32;
+  if (name == "fp16" || name == "float16") return DType::f16;
+  if (name == "bf16" || name == "bfloat16") return DType::bf16;
+  if (name == "fp64" || name == "float64") return DType::f64;
+  if (name == "uint8") return DType::u8;
+  if (name == "int32") return DType::i32;
+  if (name == "int64") return DType::i64;
+  throw_user_error(option + " has unknown dtype '" + name + "'",
+                   "use one of fp32, fp16, bf16, float64, uint8, int32, int64");
+}
+
+const char* device_name(Device device) { return device == Device::cpu ? "cpu" : "cuda"; }
+
+std::int64_t shape_numel(const Shape& shape) {
+  std::int64_t n = 1;
+  for (auto extent : shape) n *= extent;
+  return n;
+}
+
+std::string shape_to_string(const Shape& shape) {
+  std::ostringstream out;
+  out << '(';
+  for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? "," : "") << shape[i];
+  out << ')';
+  return out.str();
+}
+
+Tensor::Storage::~Storage() { std::free(bytes); }
+
+Tensor::Tensor(Shape shape, DType dtype, Device device)
+    : shape_(std::move(shape)), dtype_(dtype), device_(device) {
+  if (device != Device::cpu) abort_job("Tensor: this build allocates on the cpu device only");
+  for (auto extent : shape_)
+    if (extent < 0) abort_job("Tensor: negative extent in shape " + shape_to_string(shape_));
+  storage_ = std::make_shared<Storage>();
+  const std::size_t bytes = size_bytes();
+  // Round up to the alignment, as aligned_alloc requires; never allocate zero bytes.
+  const std::size_t padded = ((bytes + 63) / 64) * 64 + 64;
+  storage_->bytes = static_cast<std::byte*>(std::aligned_alloc(64, padded));
+  if (!storage_->bytes) abort_job("Tensor: out of memory allocating " + std::to_string(bytes) + " bytes");
+  std::memset(storage_->bytes, 0, padded);
+  storage_->size = bytes;
+  storage_->device = device;
+}
+
+Tensor Tensor::view(const Tensor& base, std::int64_t offset, Shape shape) {
+  Tensor result;
+  result.storage_ = base.storage_;
+  result.offset_ = base.offset_ + offset;
+  result.shape_ = std::move(shape);
+  result.dtype_ = base.dtype_;
+  result.device_ = base.device_;
+  const auto end_bytes = static_cast<std::size_t>(result.offset_ + result.numel()) * dtype_size(result.dtype_);
+  if (offset < 0 || !base.storage_ || end_bytes > base.storage_->size)
+    abort_job("Tensor::view: view " + shape_to_string(result.shape_) + " at offset " +
+              std::to_string(offset) + " exceeds " + base.describe());
+  return result;
+}
+
+Tensor Tensor::reshaped(Shape shape) const {
+  if (shape_numel(shape) != numel())
+    abort_job("Tensor::reshaped: " + shape_to_string(shape) + " does not match " + describe());
+  Tensor result = *this;
+  result.shape_ = std::move(shape);
+  return result;
+}
+
+void Tensor::zero() {
+  if (storage_) std::memset(raw(), 0, size_bytes());
+}
+
+std::string Tensor::describe() const {
+  return std::string(dtype_name(dtype_)) + shape_to_string(shape_) + " " + device_name(device_);
+}
+
+void Tensor::check_dtype(DType expected) const {
+  if (expected != dtype_)
+    abort_job(std::string("Tensor::data: requested ") + dtype_name(expected) + " from " + describe());
+}
+
+}  // namespace mpt
