@@ -1,0 +1,26 @@
+// Bias add over the feature axis of a [batch, features] activation, forward and backward.
+#pragma once
+
+#include "core/tensor.hpp"
+#include "kernels/check.hpp"
+
+namespace mpt::kernels {
+
+namespace host {
+void bias_add_forward(Tensor& y, const Tensor& bias);
+void bias_add_backward(const Tensor& dy, Tensor& dbias);
+}  // namespace host
+
+// y[b, n] += bias[n], in place. y is [B, N] f32, bias is [N] f32.
+inline void bias_add_forward(Tensor& y, const Tensor& bias) {
+  if (y.device() != Device::cpu) detail::built_without_cuda("kernels::bias_add_forward");
+  host::bias_add_forward(y, bias);
+}
+
+// dbias[n] = sum over b of dy[b, n]; overwrites dbias (no accumulation). dy is [B, N] f32.
+inline void bias_add_backward(const Tensor& dy, Tensor& dbias) {
+  if (dy.device() != Device::cpu) detail::built_without_cuda("kernels::bias_add_backward");
+  host::bias_add_backward(dy, dbias);
+}
+
+}  // namespace mpt::kernels

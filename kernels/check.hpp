@@ -1,0 +1,30 @@
+// Precondition checks shared by the kernel launchers. The fast path is a compare or two; a
+// message is built only on failure, so a launcher never allocates in the training step.
+#pragma once
+
+#include "core/tensor.hpp"
+
+namespace mpt::kernels::detail {
+
+// Aborts the job with "OP: WHAT (got <tensor description>)". Kernel misuse is a bug in the
+// caller, not a user mistake, hence abort_job rather than a UserError.
+[[noreturn]] void fail(const char* op, const char* what, const Tensor& tensor);
+// Aborts the job with "OP: WHAT (got A and B)", for mismatches between two tensors.
+[[noreturn]] void fail_pair(const char* op, const char* what, const Tensor& a, const Tensor& b);
+// Aborts the job because a tensor lives on a device this build has no kernels for.
+[[noreturn]] void built_without_cuda(const char* op);
+
+inline void require(bool ok, const char* op, const char* what, const Tensor& tensor) {
+  if (!ok) fail(op, what, tensor);
+}
+inline void require_pair(bool ok, const char* op, const char* what, const Tensor& a,
+                         const Tensor& b) {
+  if (!ok) fail_pair(op, what, a, b);
+}
+// A defined f32 tensor on the host: what every host kernel here computes on.
+inline void require_host_f32(const char* op, const char* what, const Tensor& tensor) {
+  require(tensor.defined() && tensor.dtype() == DType::f32 && tensor.device() == Device::cpu, op,
+          what, tensor);
+}
+
+}  // namespace mpt::kernels::detail

@@ -1,0 +1,234 @@
+// Host matmul (see kernels/matmul.hpp). oneDNN primitives are created once per shape and cached
+// with their memory objects; a call only swaps data pointers and executes, so the steady-state
+// training step creates nothing.
+#include "kernels/matmul.hpp"
+
+#include <cblas.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "core/error.hpp"
+#include "kernels/host/parallel.hpp"
+
+#ifdef MPTRAIN_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace mpt::kernels {
+
+namespace {
+
+#ifdef MPTRAIN_HAVE_DNNL
+constexpr MatmulBackend kDefaultBackend = MatmulBackend::dnnl;
+#else
+constexpr MatmulBackend kDefaultBackend = MatmulBackend::blas;
+#endif
+
+std::atomic<MatmulBackend> selected_backend{kDefaultBackend};
+
+// The problem after shape checks: C[m, n] = op(A)[m, k] · op(B)[k, n] + beta C.
+struct MatmulShape {
+  std::int64_t m, n, k;
+  bool transpose_a, transpose_b;
+  float beta;
+  bool operator==(const MatmulShape&) const = default;
+};
+
+void blas_matmul(const MatmulShape& s, const float* a, const float* b, float* c) {
+  // Row-major leading dimensions are the stored row lengths; BLAS wants them >= 1 even when
+  // a dimension is 0 (those cases never get here, but keep the call valid regardless).
+  const auto lda = static_cast<int>(std::max<std::int64_t>(1, s.transpose_a ? s.m : s.k));
+  const auto ldb = static_cast<int>(std::max<std::int64_t>(1, s.transpose_b ? s.k : s.n));
+  const auto ldc = static_cast<int>(std::max<std::int64_t>(1, s.n));
+  cblas_sgemm(CblasRowMajor, s.transpose_a ? CblasTrans : CblasNoTrans,
+              s.transpose_b ? CblasTrans : CblasNoTrans, static_cast<int>(s.m),
+              static_cast<int>(s.n), static_cast<int>(s.k), 1.f, a, lda, b, ldb, s.beta, c, ldc);
+}
+
+#ifdef MPTRAIN_HAVE_DNNL
+
+std::string dnnl_status_text(dnnl_status_t status) {
+  return "oneDNN status " + std::to_string(static_cast<int>(status));
+}
+bool dnnl_ok(dnnl_status_t status) { return status == dnnl_success; }
+#define MPT_CHECK_DNNL(call) MPT_CHECK_GEN("oneDNN", call, dnnl_ok, dnnl_status_text)
+
+struct MatmulShapeHash {
+  std::size_t operator()(const MatmulShape& s) const {
+    std::uint32_t beta_bits = 0;
+    std::memcpy(&beta_bits, &s.beta, sizeof beta_bits);
+    std::size_t h = static_cast<std::size_t>(s.m);
+    for (std::size_t v : {static_cast<std::size_t>(s.n), static_cast<std::size_t>(s.k),
+                          static_cast<std::size_t>(s.transpose_a) * 2 + s.transpose_b,
+                          static_cast<std::size_t>(beta_bits)})
+      h = h * 0x9E3779B97F4A7C15ull + v;
+    return h;
+  }
+};
+
+// A primitive and the memory objects it executes on; only their data handles change per call.
+struct DnnlMatmul {
+  dnnl::matmul primitive;
+  dnnl::memory src, weights, dst;
+};
+
+class DnnlMatmulCache {
+ public:
+  static DnnlMatmulCache& instance() {
+    static DnnlMatmulCache cache;
+    return cache;
+  }
+
+  void run(const MatmulShape& s, const float* a, const float* b, float* c) {
+    // One lock per call: cheap next to a matmul, and it makes the cached memory objects (whose
+    // handles are swapped per call) safe if two threads ever multiply at once.
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = entries_.find(s);
+    if (found == entries_.end()) found = entries_.emplace(s, create(s)).first;
+    DnnlMatmul& entry = found->second;
+    // oneDNN takes const-less handles; it does not write through src or weights.
+    entry.src.set_data_handle(const_cast<float*>(a));
+    entry.weights.set_data_handle(const_cast<float*>(b));
+    entry.dst.set_data_handle(c);
+    // The C API takes a plain array of arguments; the C++ execute() would build an
+    // unordered_map on every call.
+    const dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, entry.src.get()},
+                                     {DNNL_ARG_WEIGHTS, entry.weights.get()},
+                                     {DNNL_ARG_DST, entry.dst.get()}};
+    MPT_CHECK_DNNL(dnnl_primitive_execute(entry.primitive.get(), stream_.get(), 3, args));
+    MPT_CHECK_DNNL(dnnl_stream_wait(stream_.get()));
+  }
+
+  std::size_t size() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return entries_.size();
+  }
+
+ private:
+  DnnlMatmulCache() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+
+  DnnlMatmul create(const MatmulShape& s) {
+    using dims = dnnl::memory::dims;
+    using dt = dnnl::memory::data_type;
+    // Transposes are strides: a stored [K, M] matrix read as [M, K] has strides {1, M}.
+    const dnnl::memory::desc src_md(dims{s.m, s.k}, dt::f32,
+                                    s.transpose_a ? dims{1, s.m} : dims{s.k, 1});
+    const dnnl::memory::desc weights_md(dims{s.k, s.n}, dt::f32,
+                                        s.transpose_b ? dims{1, s.k} : dims{s.n, 1});
+    const dnnl::memory::desc dst_md(dims{s.m, s.n}, dt::f32, dims{s.n, 1});
+    dnnl::primitive_attr attr;
+    if (s.beta != 0.f) {
+      // dst = matmul + beta * dst, fused: the sum post-op reads dst before overwriting it.
+      dnnl::post_ops ops;
+      ops.append_sum(s.beta);
+      attr.set_post_ops(ops);
+    }
+    try {
+      const dnnl::matmul::desc desc(src_md, weights_md, dst_md);
+      const dnnl::matmul::primitive_desc pd(desc, attr, engine_);
+      return DnnlMatmul{dnnl::matmul(pd), dnnl::memory(src_md, engine_, nullptr),
+                        dnnl::memory(weights_md, engine_, nullptr),
+                        dnnl::memory(dst_md, engine_, nullptr)};
+    } catch (const dnnl::error& error) {
+      abort_job("kernels::matmul: oneDNN cannot create a matmul for M=" + std::to_string(s.m) +
+                " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) + ": " + error.what());
+    }
+  }
+
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  std::mutex mutex_;
+  std::unordered_map<MatmulShape, DnnlMatmul, MatmulShapeHash> entries_;
+};
+
+#endif  // MPTRAIN_HAVE_DNNL
+
+// K == 0: the product is empty, so C = beta * C (and exactly 0 when beta == 0, as BLAS does).
+void scale_output(Tensor& c, float beta) {
+  static const std::string label = "kernels::matmul_empty_k";
+  float* __restrict out = c.data<float>();
+  host::parallel_chunks(label, c.numel(), [=](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) out[i] = beta == 0.f ? 0.f : beta * out[i];
+  });
+}
+
+}  // namespace
+
+bool dnnl_available() {
+#ifdef MPTRAIN_HAVE_DNNL
+  return true;
+#else
+  return false;
+#endif
+}
+
+void set_matmul_backend(MatmulBackend backend) {
+  if (backend == MatmulBackend::dnnl && !dnnl_available())
+    abort_job("kernels::set_matmul_backend: this build has no oneDNN (MPTRAIN_HAVE_DNNL off)");
+  selected_backend.store(backend);
+}
+
+MatmulBackend matmul_backend() { return selected_backend.load(); }
+
+const char* matmul_backend_name(MatmulBackend backend) {
+  return backend == MatmulBackend::dnnl ? "dnnl" : "blas";
+}
+
+std::size_t dnnl_primitive_count() {
+#ifdef MPTRAIN_HAVE_DNNL
+  return DnnlMatmulCache::instance().size();
+#else
+  return 0;
+#endif
+}
+
+namespace host {
+
+void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
+            float beta) {
+  constexpr const char* op = "kernels::matmul";
+  detail::require_host_f32(op, "a must be f32 on the host", a);
+  detail::require_host_f32(op, "b must be f32 on the host", b);
+  detail::require_host_f32(op, "c must be f32 on the host", c);
+  detail::require(a.rank() == 2, op, "a must be 2-D", a);
+  detail::require(b.rank() == 2, op, "b must be 2-D", b);
+  detail::require(c.rank() == 2, op, "c must be 2-D", c);
+  const MatmulShape shape{transpose_a ? a.dim(1) : a.dim(0),
+                          transpose_b ? b.dim(0) : b.dim(1),
+                          transpose_a ? a.dim(0) : a.dim(1),
+                          transpose_a,
+                          transpose_b,
+                          beta};
+  const std::int64_t k_of_b = transpose_b ? b.dim(1) : b.dim(0);
+  detail::require_pair(shape.k == k_of_b, op, "inner dimensions of op(a) and op(b) differ", a, b);
+  detail::require_pair(c.dim(0) == shape.m && c.dim(1) == shape.n, op,
+                       "c must be [rows of op(a), columns of op(b)]", a, c);
+  // BLAS takes int dimensions.
+  constexpr std::int64_t kIntMax = 0x7fffffff;
+  detail::require(a.numel() <= kIntMax && b.numel() <= kIntMax && c.numel() <= kIntMax, op,
+                  "matrices over 2^31 elements are not supported", a);
+  if (shape.m == 0 || shape.n == 0) return;
+  if (shape.k == 0) {
+    scale_output(c, beta);
+    return;
+  }
+  const float* a_data = a.data<float>();
+  const float* b_data = b.data<float>();
+  float* c_data = c.data<float>();
+#ifdef MPTRAIN_HAVE_DNNL
+  if (selected_backend.load(std::memory_order_relaxed) == MatmulBackend::dnnl) {
+    DnnlMatmulCache::instance().run(shape, a_data, b_data, c_data);
+    return;
+  }
+#endif
+  blas_matmul(shape, a_data, b_data, c_data);
+}
+
+}  // namespace host
+
+}  // namespace mpt::kernels

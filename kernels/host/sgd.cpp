@@ -1,0 +1,42 @@
+// Host SGD update (see kernels/sgd.hpp), one fused pass over parameters, gradients and buffer.
+#include "kernels/sgd.hpp"
+
+#include "kernels/host/parallel.hpp"
+
+namespace mpt::kernels::host {
+
+void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, float lr,
+                float momentum, float weight_decay, bool nesterov, bool first_step) {
+  static const std::string label = "kernels::sgd_update";
+  constexpr const char* op = "kernels::sgd_update";
+  detail::require_host_f32(op, "params must be f32 on the host", params);
+  detail::require_host_f32(op, "grads must be f32 on the host", grads);
+  detail::require_pair(params.numel() == grads.numel(), op,
+                       "params and grads must have the same number of elements", params, grads);
+  float* __restrict p = params.data<float>();
+  const float* __restrict g = grads.data<float>();
+
+  if (momentum == 0.f) {
+    // PyTorch keeps no buffer without momentum; MOMENTUM_BUFFER may be undefined here.
+    parallel_chunks(label, params.numel(), [=](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) p[i] -= lr * (g[i] + weight_decay * p[i]);
+    });
+    return;
+  }
+  detail::require_host_f32(op, "momentum_buffer must be f32 on the host", momentum_buffer);
+  detail::require_pair(params.numel() == momentum_buffer.numel(), op,
+                       "params and momentum_buffer must have the same number of elements", params,
+                       momentum_buffer);
+  float* __restrict buf = momentum_buffer.data<float>();
+  parallel_chunks(label, params.numel(), [=](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) {
+      const float d = g[i] + weight_decay * p[i];
+      // The old buffer is not read on the first step: it may hold anything, even NaN.
+      const float b = first_step ? d : momentum * buf[i] + d;
+      buf[i] = b;
+      p[i] -= lr * (nesterov ? d + momentum * b : b);
+    }
+  });
+}
+
+}  // namespace mpt::kernels::host

@@ -1,0 +1,39 @@
+// Dense matrix multiply for the layers: oneDNN's matmul primitive, or BLAS sgemm as a fallback
+// and as the peer the benchmarks compare against. The backend is chosen once, process-wide.
+#pragma once
+
+#include <cstddef>
+
+#include "core/tensor.hpp"
+#include "kernels/check.hpp"
+
+namespace mpt::kernels {
+
+enum class MatmulBackend { dnnl, blas };
+
+// True when this build links oneDNN (MPTRAIN_HAVE_DNNL).
+bool dnnl_available();
+// Selects the backend for every later matmul. Aborts on dnnl when !dnnl_available().
+void set_matmul_backend(MatmulBackend backend);
+// The current backend; dnnl when available, else blas, until set_matmul_backend is called.
+MatmulBackend matmul_backend();
+const char* matmul_backend_name(MatmulBackend backend);  // "dnnl", "blas"
+// How many oneDNN matmul primitives have been created so far: one per distinct
+// (M, N, K, transposes, beta), so it stays constant in a steady-state training loop.
+std::size_t dnnl_primitive_count();
+
+namespace host {
+void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
+            float beta);
+}  // namespace host
+
+// C[M, N] = op(A) · op(B) + beta · C, with op(X) = X or Xᵀ. A, B and C are 2-D, row-major,
+// contiguous f32 tensors owned by the caller: A is [M, K] ([K, M] when transpose_a), B is
+// [K, N] ([N, K] when transpose_b). With beta == 0, C is not read (NaN in C does not leak).
+inline void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
+                   float beta = 0.f) {
+  if (a.device() != Device::cpu) detail::built_without_cuda("kernels::matmul");
+  host::matmul(a, transpose_a, b, transpose_b, c, beta);
+}
+
+}  // namespace mpt::kernels

@@ -1,0 +1,29 @@
+// Stochastic gradient descent with momentum, weight decay and Nesterov, with exactly the update
+// rule of PyTorch's torch.optim.SGD (dampening 0), over flat f32 buffers.
+#pragma once
+
+#include "core/tensor.hpp"
+#include "kernels/check.hpp"
+
+namespace mpt::kernels {
+
+namespace host {
+void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, float lr,
+                float momentum, float weight_decay, bool nesterov, bool first_step);
+}  // namespace host
+
+// One SGD step, in place on PARAMS and MOMENTUM_BUFFER; all three tensors are f32 with the same
+// number of elements:
+//   d = g + weight_decay * p
+//   buf = first_step ? d : momentum * buf + d     (PyTorch creates buf as a copy of d, so the
+//                                                  first step ignores the old contents of buf)
+//   p -= lr * (nesterov ? d + momentum * buf : buf)
+// With momentum == 0 the buffer is neither read nor written and p -= lr * d.
+inline void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, float lr,
+                       float momentum, float weight_decay, bool nesterov, bool first_step) {
+  if (params.device() != Device::cpu) detail::built_without_cuda("kernels::sgd_update");
+  host::sgd_update(params, grads, momentum_buffer, lr, momentum, weight_decay, nesterov,
+                   first_step);
+}
+
+}  // namespace mpt::kernels

@@ -1,0 +1,41 @@
+// Softmax cross-entropy loss over logits, fused with its gradient. Always f32 logits with double
+// accumulation of the loss, whatever the compute dtype of the model (see design.md, Precision).
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.hpp"
+#include "kernels/check.hpp"
+
+namespace mpt::kernels {
+
+// Sums over the rows of one batch; ranks add them up for global metrics.
+struct XentStats {
+  double loss_sum = 0;       // sum over rows of -log softmax(logits)[label], in nats
+  std::int64_t correct = 0;  // rows whose argmax (first maximum) equals the label
+};
+
+namespace host {
+XentStats softmax_xent_forward(const Tensor& logits, const Tensor& labels);
+XentStats softmax_xent_forward_backward(const Tensor& logits, const Tensor& labels, Tensor& dlogits,
+                                        float grad_scale);
+}  // namespace host
+
+// Loss and accuracy of LOGITS [B, C] f32 against LABELS [B] i32 in [0, C). Stable for any
+// logit magnitude (log-sum-exp with the row maximum subtracted).
+inline XentStats softmax_xent_forward(const Tensor& logits, const Tensor& labels) {
+  if (logits.device() != Device::cpu) detail::built_without_cuda("kernels::softmax_xent_forward");
+  return host::softmax_xent_forward(logits, labels);
+}
+
+// As softmax_xent_forward, and also writes DLOGITS [B, C] f32 = (softmax - onehot) * grad_scale,
+// the gradient of grad_scale * loss_sum. The trainer passes 1 / global batch (times the loss
+// scale), so that summing gradients over ranks gives the gradient of the mean loss.
+inline XentStats softmax_xent_forward_backward(const Tensor& logits, const Tensor& labels,
+                                               Tensor& dlogits, float grad_scale) {
+  if (logits.device() != Device::cpu)
+    detail::built_without_cuda("kernels::softmax_xent_forward_backward");
+  return host::softmax_xent_forward_backward(logits, labels, dlogits, grad_scale);
+}
+
+}  // namespace mpt::kernels

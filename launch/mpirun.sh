@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Runs mptrain (or any command) under Open MPI's mpirun on one machine with sensible defaults:
+# root permission, oversubscription or core binding, and the OpenMP thread count.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+Usage: launch/mpirun.sh NP [mptrain args...]
+       launch/mpirun.sh NP -- COMMAND [args...]
+
+Starts NP ranks of build/release/mptrain (first form) or of COMMAND (second form) with mpirun:
+  - OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1 when running as root;
+  - when NP x OMP_NUM_THREADS <= cores: --bind-to core (each rank gets OMP_NUM_THREADS cores);
+  - otherwise --oversubscribe --bind-to none;
+  - -x OMP_NUM_THREADS (default 1) so that every rank sees it.
+
+Example: launch/mpirun.sh 2 train --config inputs/fashion-mnist-mlp.ini
+
+Environment:
+  OMP_NUM_THREADS      threads per rank (default 1)
+  MPTRAIN_BIN          the binary (default build/release/mptrain, relative to the repository)
+  MPIRUN               the launcher (default mpirun)
+  MPTRAIN_MPIRUN_ARGS  extra mpirun arguments, split on spaces (e.g. "--report-bindings")
+EOF
+}
+
+if (($# < 1)) || [[ "$1" == -h || "$1" == --help ]]; then
+  usage
+  (($# >= 1)) && exit 0
+  exit 2
+fi
+np=$1
+shift
+if ! [[ "$np" =~ ^[1-9][0-9]*$ ]]; then
+  echo "launch/mpirun.sh: NP must be a positive integer, got '$np'" >&2
+  exit 2
+fi
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ "${1:-}" == -- ]]; then
+  shift
+  (($# >= 1)) || { echo "launch/mpirun.sh: nothing to run after --" >&2; exit 2; }
+  command=("$@")
+else
+  bin=${MPTRAIN_BIN:-$repo_root/build/release/mptrain}
+  if [[ ! -x "$bin" && -z "${MPTRAIN_BIN:-}" && -x "$repo_root/build/release/src/app/mptrain" ]]; then
+    bin=$repo_root/build/release/src/app/mptrain
+  fi
+  if [[ ! -x "$bin" ]]; then
+    echo "launch/mpirun.sh: $bin not found or not executable." >&2
+    echo "hint: build it with 'cmake --preset release && cmake --build --preset release'" \
+      "or run launch/quickstart.sh" >&2
+    exit 1
+  fi
+  command=("$bin" "$@")
+fi
+
+if [[ "$(id -u)" -eq 0 ]]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+threads=$OMP_NUM_THREADS
+[[ "$threads" =~ ^[1-9][0-9]*$ ]] || threads=1
+# GNU nproc reports OMP_NUM_THREADS when it is set; we want the cores this process may use.
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+
+mpirun_args=(-np "$np" -x OMP_NUM_THREADS)
+if ((np * threads <= cores)); then
+  if ((threads > 1)); then
+    mpirun_args+=(--map-by "slot:PE=$threads" --bind-to core)
+  else
+    mpirun_args+=(--bind-to core)
+  fi
+else
+  mpirun_args+=(--oversubscribe --bind-to none)
+fi
+if [[ -n "${MPTRAIN_MPIRUN_ARGS:-}" ]]; then
+  read -r -a extra <<<"$MPTRAIN_MPIRUN_ARGS"
+  mpirun_args+=("${extra[@]}")
+fi
+
+exec "${MPIRUN:-mpirun}" "${mpirun_args[@]}" "${command[@]}"

@@ -1,0 +1,202 @@
+// Option tables and parsing for every subcommand (see cli.hpp).
+#include "app/cli.hpp"
+
+#include <boost/program_options.hpp>
+#include <filesystem>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace po = boost::program_options;
+
+namespace mpt::app {
+namespace {
+
+constexpr unsigned kHelpWidth = 100;
+const char* kHelpHint = "`mptrain %s --help` lists every option with its default";
+
+std::string help_hint(const std::string& command) {
+  char text[128];
+  std::snprintf(text, sizeof(text), kHelpHint, command.c_str());
+  return text;
+}
+
+// The options shared by `train` and `eval`, so that one config file serves both.
+po::options_description train_options(TrainCommand& out) {
+  auto& run = out.run;
+  po::options_description data("[data]", kHelpWidth, kHelpWidth / 2);
+  data.add_options()
+      ("data.train", po::value(&run.data.train_path), "training set (HDF5, see docs/data-format.md)")
+      ("data.test", po::value(&run.data.test_path)->implicit_value(""), "test set, evaluated after every epoch (empty: none)")
+      ("data.samples", po::value(&run.data.samples_name)->default_value("samples"), "name of the samples dataset")
+      ("data.labels", po::value(&run.data.labels_name)->default_value("labels"), "name of the labels dataset")
+      ("data.chunk-cache-mb", po::value(&run.data.chunk_cache_mb)->default_value(64), "HDF5 chunk cache per dataset, MiB");
+  po::options_description model("[model]", kHelpWidth, kHelpWidth / 2);
+  model.add_options()
+      ("model.name", po::value(&run.model.name)->default_value("mlp"), "built-in model: mlp (784-1024-1024-10)")
+      ("model.layers", po::value(&run.model.layers), "layer spec, e.g. dense:1024,relu,dense:10 (overrides model.name)")
+      ("model.print", po::value(&run.model.print)->default_value(false)->implicit_value(true),
+       "print layers, output shapes, parameters and FLOPs per sample");
+  po::options_description loop("[train]", kHelpWidth, kHelpWidth / 2);
+  loop.add_options()
+      ("train.epochs", po::value(&run.loop.epochs)->default_value(1), "passes over the training set")
+      ("train.max-steps", po::value(&run.loop.max_steps)->default_value(0), "stop after this many steps (0: no limit)")
+      ("train.batch-size", po::value(&run.loop.batch_size)->default_value(64), "samples per rank per step; global batch = this x ranks")
+      ("train.seed", po::value(&run.loop.seed)->default_value(42), "seed of weight initialisation and shuffling")
+      ("train.shuffle", po::value(&run.loop.shuffle)->default_value(true), "shuffle the training set every epoch")
+      ("train.log-every", po::value(&run.loop.log_every)->default_value(50), "log and write metrics every N steps")
+      ("train.threads", po::value(&out.runtime.threads)->default_value(0),
+       "compute threads per rank (0: OMP_NUM_THREADS if set, else cores per node / ranks per node)");
+  po::options_description optimizer("[optimizer]", kHelpWidth, kHelpWidth / 2);
+  optimizer.add_options()
+      ("optimizer.name", po::value(&run.optimizer.name)->default_value("sgd"), "sgd")
+      ("optimizer.lr", po::value(&run.optimizer.lr)->default_value(0.05, "0.05"), "learning rate")
+      ("optimizer.momentum", po::value(&run.optimizer.momentum)->default_value(0.9, "0.9"), "SGD momentum")
+      ("optimizer.weight-decay", po::value(&run.optimizer.weight_decay)->default_value(0.0, "0"), "L2 weight decay")
+      ("optimizer.nesterov", po::value(&run.optimizer.nesterov)->default_value(false)->implicit_value(true), "Nesterov momentum");
+  po::options_description output("[output] and [checkpoint]", kHelpWidth, kHelpWidth / 2);
+  output.add_options()
+      ("output.dir", po::value(&run.output_dir)->default_value("runs/latest")->implicit_value(""), "metrics.jsonl and summary.json go here")
+      ("checkpoint.dir", po::value(&run.checkpoint_dir)->default_value("")->implicit_value(""), "FP32 weights are saved here at the end (empty: none)");
+  po::options_description runtime("runtime", kHelpWidth, kHelpWidth / 2);
+  runtime.add_options()
+      ("device", po::value(&out.runtime.device)->default_value("auto"), "auto | cpu | cuda")
+      ("kernels.matmul", po::value(&out.runtime.matmul)->default_value("auto"), "host matmul library: auto | onednn | blas");
+  po::options_description all(kHelpWidth, kHelpWidth / 2);
+  all.add(data).add(model).add(loop).add(optimizer).add(output).add(runtime);
+  return all;
+}
+
+// Parses ARGS against VISIBLE plus --help/--config, then the config file; the command line wins.
+bool parse(const std::string& command, const std::vector<std::string>& args,
+           const po::options_description& visible, std::string& help_text,
+           const po::positional_options_description* positional = nullptr) {
+  std::string config_path;
+  po::options_description generic("general", kHelpWidth, kHelpWidth / 2);
+  generic.add_options()("help,h", "print this help")("config", po::value(&config_path),
+                                                     "INI file with the same option names, in sections");
+  po::options_description cli(kHelpWidth, kHelpWidth / 2);
+  cli.add(generic).add(visible);
+  std::ostringstream help;
+  help << "usage: mptrain " << command << " [--config FILE] [--section.key=value ...]\n" << cli;
+  help_text = help.str();
+
+  // Boost rejects `--key=` with nothing after it; users write that to clear a path option
+  // (`--checkpoint.dir=`), which those options accept through an implicit empty value.
+  std::vector<std::string> normalized = args;
+  for (auto& arg : normalized)
+    if (arg.size() > 3 && arg.rfind("--", 0) == 0 && arg.back() == '=') arg.pop_back();
+
+  po::variables_map vm;
+  try {
+    auto parser = po::command_line_parser(normalized).options(cli);
+    if (positional) parser.positional(*positional);
+    else parser.positional(po::positional_options_description());
+    po::store(parser.run(), vm);
+  } catch (const po::unknown_option& e) {
+    // Boost reports the whole token ("--x=1"); the option's name is what the user must fix.
+    const std::string token = e.get_option_name();
+    throw_user_error("unknown option '" + token.substr(0, token.find('=')) + "' for `mptrain " + command + "`",
+                     help_hint(command));
+  } catch (const po::too_many_positional_options_error&) {
+    throw_user_error("unexpected argument for `mptrain " + command + "`: options take the form --section.key=value",
+                     help_hint(command));
+  } catch (const po::error& e) {
+    throw_user_error(std::string(e.what()) + " (mptrain " + command + ")", help_hint(command));
+  }
+  if (vm.count("help")) return true;
+
+  if (vm.count("config")) {
+    config_path = vm["config"].as<std::string>();
+    MPT_REQUIRE(std::filesystem::is_regular_file(config_path),
+                "config file '" + config_path + "' not found (--config)",
+                "pass the path of an INI file, e.g. --config inputs/fashion-mnist-mlp.ini");
+    try {
+      po::store(po::parse_config_file(config_path.c_str(), visible, /*allow_unregistered=*/false), vm);
+    } catch (const po::unknown_option& e) {
+      throw_user_error("unknown option '" + e.get_option_name() + "' in config file '" + config_path + "'",
+                       help_hint(command) + "; in the file, [section] key = value");
+    } catch (const po::error& e) {
+      throw_user_error(std::string(e.what()) + " in config file '" + config_path + "'", help_hint(command));
+    }
+  }
+  try {
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw_user_error(std::string(e.what()) + " (mptrain " + command + ")", help_hint(command));
+  }
+  return false;
+}
+
+}  // namespace
+
+TrainCommand parse_train_command(const std::string& command, const std::vector<std::string>& args) {
+  TrainCommand out;
+  po::options_description visible = train_options(out);
+  if (command == "eval") {
+    po::options_description eval("eval", kHelpWidth, kHelpWidth / 2);
+    eval.add_options()("checkpoint", po::value(&out.checkpoint),
+                       "checkpoint file, or a directory with `latest` (default: checkpoint.dir)");
+    visible.add(eval);
+  }
+  out.help = parse(command, args, visible, out.help_text);
+  if (out.help) return out;
+  const auto& device = out.runtime.device;
+  MPT_REQUIRE(device == "auto" || device == "cpu" || device == "cuda",
+              "unknown device '" + device + "' (--device)", "use --device=auto, cpu or cuda");
+  MPT_REQUIRE(device != "cuda", "--device=cuda: this mptrain binary has no CUDA backend yet",
+              "use --device=cpu or --device=auto");
+  const auto& matmul = out.runtime.matmul;
+  MPT_REQUIRE(matmul == "auto" || matmul == "onednn" || matmul == "blas",
+              "unknown matmul library '" + matmul + "' (--kernels.matmul)", "use auto, onednn or blas");
+  MPT_REQUIRE(out.runtime.threads >= 0, "--train.threads must be >= 0", "0 picks a default");
+  if (command == "eval" && out.checkpoint.empty()) out.checkpoint = out.run.checkpoint_dir;
+  return out;
+}
+
+PrepareCommand parse_prepare_command(const std::vector<std::string>& args) {
+  PrepareCommand out;
+  std::string shape_text;
+  po::options_description visible("prepare", kHelpWidth, kHelpWidth / 2);
+  visible.add_options()
+      ("kind", po::value(&out.kind), "fashion-mnist | synthetic")
+      ("source", po::value(&out.source)->default_value("/usr/share/datasets/fashion-mnist"),
+       "fashion-mnist: directory with the four IDX files (gzip or raw)")
+      ("out", po::value(&out.out), "directory that receives train.h5 and test.h5")
+      ("train-samples", po::value(&out.train_samples)->default_value(8192), "synthetic: training samples")
+      ("test-samples", po::value(&out.test_samples)->default_value(2048), "synthetic: test samples")
+      ("shape", po::value(&shape_text)->default_value("1,28,28"), "synthetic: sample shape, comma separated")
+      ("classes", po::value(&out.classes)->default_value(10), "synthetic: number of classes")
+      ("seed", po::value(&out.seed)->default_value(1), "synthetic: seed")
+      ("noise", po::value(&out.noise)->default_value(0.35, "0.35"), "synthetic: noise level in [0, 1]");
+  po::positional_options_description positional;
+  positional.add("kind", 1);
+  out.help = parse("prepare", args, visible, out.help_text, &positional);
+  if (out.help) return out;
+  MPT_REQUIRE(out.kind == "fashion-mnist" || out.kind == "synthetic",
+              out.kind.empty() ? std::string("no dataset named for `mptrain prepare`")
+                               : "unknown dataset '" + out.kind + "' for `mptrain prepare`",
+              "use `mptrain prepare fashion-mnist --out DIR` or `mptrain prepare synthetic --out DIR`");
+  MPT_REQUIRE(!out.out.empty(), "no output directory given (--out)", "e.g. --out data/fashion-mnist");
+  std::stringstream stream(shape_text);
+  for (std::string item; std::getline(stream, item, ',');) {
+    std::int64_t extent = 0;
+    try {
+      std::size_t used = 0;
+      extent = std::stoll(item, &used);
+      if (used != item.size()) extent = 0;
+    } catch (const std::exception&) {
+      extent = 0;
+    }
+    MPT_REQUIRE(extent > 0, "--shape '" + shape_text + "' is not a list of positive integers", "e.g. --shape 1,28,28");
+    out.shape.push_back(extent);
+  }
+  MPT_REQUIRE(!out.shape.empty(), "--shape is empty", "e.g. --shape 1,28,28");
+  MPT_REQUIRE(out.classes >= 2, "--classes must be at least 2", "e.g. --classes 10");
+  MPT_REQUIRE(out.train_samples > 0 && out.test_samples > 0, "--train-samples and --test-samples must be positive",
+              "e.g. --train-samples 8192 --test-samples 2048");
+  MPT_REQUIRE(out.noise >= 0 && out.noise <= 1, "--noise must be in [0, 1]", "e.g. --noise 0.35");
+  return out;
+}
+
+}  // namespace mpt::app

@@ -1,0 +1,49 @@
+// The command line and INI configuration of the mptrain binary. One option table serves both:
+// `[optimizer] lr` in a --config file is `--optimizer.lr` on the command line, which wins.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "train/train.hpp"
+
+namespace mpt::app {
+
+struct RuntimeConfig {
+  std::string device = "auto";  // auto | cpu | cuda
+  std::string matmul = "auto";  // auto | onednn | blas
+  int threads = 0;              // per rank; 0: OMP_NUM_THREADS, else cores / ranks per node
+};
+
+struct TrainCommand {
+  bool help = false;
+  std::string help_text;
+  train::RunConfig run;
+  RuntimeConfig runtime;
+  std::string checkpoint;  // eval only: file or directory to evaluate
+};
+
+// Parses the arguments that follow `mptrain train` or `mptrain eval` (COMMAND names which).
+// Throws UserError naming the option for an unknown option, a bad value or an unreadable file.
+TrainCommand parse_train_command(const std::string& command, const std::vector<std::string>& args);
+
+struct PrepareCommand {
+  bool help = false;
+  std::string help_text;
+  std::string kind;  // fashion-mnist | synthetic
+  std::string source;
+  std::string out;
+  std::int64_t train_samples = 0;
+  std::int64_t test_samples = 0;
+  std::vector<std::int64_t> shape;
+  int classes = 0;
+  std::uint64_t seed = 0;
+  double noise = 0;
+};
+PrepareCommand parse_prepare_command(const std::vector<std::string>& args);
+
+// Runs mptrain with its full argument vector; returns the process exit code. Initialises and
+// finalises MPI and Kokkos.
+int run(int argc, char** argv);
+
+}  // namespace mpt::app

@@ -1,0 +1,177 @@
+// The mptrain process: brings up MPI and Kokkos, dispatches the subcommand, and turns every
+// failure into a one-line message and a non-zero exit on every rank.
+#include <mpi.h>
+#include <omp.h>
+
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "app/cli.hpp"
+#include "core/error.hpp"
+#include "core/hdf5.hpp"
+#include "data/data.hpp"
+#include "kernels/matmul.hpp"
+
+// OpenBLAS keeps its own thread pool; declared weak so that a site BLAS without it still links.
+extern "C" void openblas_set_num_threads(int threads) __attribute__((weak));
+
+namespace mpt::app {
+namespace {
+
+const char* kUsage =
+    "usage: mptrain COMMAND [options]\n"
+    "\n"
+    "commands:\n"
+    "  train     train a model (launch with mpirun/srun for data parallelism)\n"
+    "  eval      accuracy and loss of a checkpoint on a dataset\n"
+    "  prepare   convert a dataset to mptrain's HDF5 layout (fashion-mnist | synthetic)\n"
+    "  inspect   print what an HDF5 data or checkpoint file holds\n"
+    "\n"
+    "`mptrain COMMAND --help` lists the options of a command. Options can also come from an\n"
+    "INI file (--config FILE): `[optimizer] lr = 0.1` is `--optimizer.lr=0.1`; the command line wins.\n";
+
+void apply_runtime(const RuntimeConfig& runtime, const comm::World& world) {
+  int threads = runtime.threads;
+  if (threads == 0 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    // Ranks on one node share its cores; oversubscribing them is the commonest CPU slowdown.
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    threads = std::max(1, cores / world.local_size());
+  }
+  if (threads == 0) threads = omp_get_max_threads();  // OMP_NUM_THREADS was set
+  omp_set_num_threads(threads);
+  if (openblas_set_num_threads) openblas_set_num_threads(threads);
+  if (runtime.matmul == "blas") kernels::set_matmul_backend(kernels::MatmulBackend::blas);
+  if (runtime.matmul == "onednn") {
+    MPT_REQUIRE(kernels::dnnl_available(), "--kernels.matmul=onednn: this build has no oneDNN",
+                "rebuild with libdnnl-dev installed, or use --kernels.matmul=blas");
+    kernels::set_matmul_backend(kernels::MatmulBackend::dnnl);
+  }
+}
+
+void print_help_once(const std::string& text, const comm::World& world) {
+  if (world.rank() == 0) std::printf("%s", text.c_str());
+}
+
+int dispatch(const std::vector<std::string>& args, const comm::World& world) {
+  const std::string command = args.empty() ? "" : args.front();
+  const std::vector<std::string> rest(args.begin() + (args.empty() ? 0 : 1), args.end());
+  if (command.empty() || command == "--help" || command == "-h" || command == "help") {
+    print_help_once(kUsage, world);
+    return command.empty() ? 2 : 0;
+  }
+  if (command == "--version") {
+    if (world.rank() == 0) std::printf("mptrain %s (%s)\n", MPTRAIN_VERSION, MPTRAIN_GIT_HASH);
+    return 0;
+  }
+
+  if (command == "train" || command == "eval") {
+    TrainCommand parsed;
+    world.run_agreed([&] {
+      parsed = parse_train_command(command, rest);
+      if (!parsed.help) apply_runtime(parsed.runtime, world);
+    });
+    if (parsed.help) {
+      print_help_once(parsed.help_text, world);
+      return 0;
+    }
+    if (command == "train") {
+      train::run_training(parsed.run, world);
+      return 0;
+    }
+    const auto result = train::run_evaluation(parsed.checkpoint, parsed.run.data,
+                                              parsed.run.loop.batch_size, world);
+    if (world.rank() == 0)
+      std::printf("eval: accuracy %.4f  loss %.4f  samples %lld  checkpoint %s  data %s\n",
+                  result.accuracy, result.loss, static_cast<long long>(result.samples),
+                  parsed.checkpoint.c_str(), parsed.run.data.test_path.c_str());
+    return 0;
+  }
+
+  if (command == "prepare") {
+    PrepareCommand parsed;
+    world.run_agreed([&] { parsed = parse_prepare_command(rest); });
+    if (parsed.help) {
+      print_help_once(parsed.help_text, world);
+      return 0;
+    }
+    // Preparation is serial: rank 0 writes, the others wait for the agreed outcome.
+    world.run_agreed([&] {
+      if (world.rank() != 0) return;
+      if (parsed.kind == "fashion-mnist") {
+        data::prepare_fashion_mnist(parsed.source, parsed.out);
+      } else {
+        data::SyntheticSpec spec;
+        spec.train_samples = parsed.train_samples;
+        spec.test_samples = parsed.test_samples;
+        spec.sample_shape = parsed.shape;
+        spec.num_classes = parsed.classes;
+        spec.seed = parsed.seed;
+        spec.noise = static_cast<float>(parsed.noise);
+        data::prepare_synthetic(spec, parsed.out);
+      }
+      std::printf("prepare: wrote %s/train.h5 and %s/test.h5\n", parsed.out.c_str(), parsed.out.c_str());
+    });
+    return 0;
+  }
+
+  if (command == "inspect") {
+    world.run_agreed([&] {
+      MPT_REQUIRE(rest.size() == 1 && rest[0] != "--help" && rest[0] != "-h",
+                  rest.empty() ? std::string("no file given to `mptrain inspect`")
+                               : "`mptrain inspect` takes exactly one FILE",
+                  "usage: mptrain inspect FILE (an mptrain data or checkpoint file)");
+      if (world.rank() == 0) std::printf("%s", data::inspect_file(rest[0]).c_str());
+    });
+    return 0;
+  }
+
+  world.run_agreed([&] {
+    throw_user_error("unknown command '" + command + "'",
+                     "commands are train, eval, prepare and inspect; see `mptrain --help`");
+  });
+  return 2;
+}
+
+}  // namespace
+
+int run(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  set_process_identity(rank, size);
+  hdf5_quiet();
+  Kokkos::InitArguments kokkos_args;
+  kokkos_args.disable_warnings = true;
+  Kokkos::initialize(kokkos_args);
+
+  int code = 0;
+  {
+    comm::World world;
+    std::vector<std::string> args(argv + 1, argv + argc);
+    try {
+      code = dispatch(args, world);
+    } catch (const comm::ReportedFailure& failure) {
+      code = failure.exit_code();
+    } catch (const UserError& error) {
+      // Outside an agreed phase: peers may already wait in a collective, so stop them all.
+      std::fprintf(stderr, "%s\n", format_user_error(error).c_str());
+      if (world.size() > 1) MPI_Abort(MPI_COMM_WORLD, comm::kExitUserError);
+      code = comm::kExitUserError;
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "mptrain: error: [%s] internal error: %s\n", process_where().c_str(), error.what());
+      if (world.size() > 1) MPI_Abort(MPI_COMM_WORLD, comm::kExitInternalError);
+      code = comm::kExitInternalError;
+    }
+  }
+  std::fflush(stdout);
+  Kokkos::finalize();
+  MPI_Finalize();
+  return code;
+}
+
+}  // namespace mpt::app

@@ -1,0 +1,339 @@
+// HDF5 lock, handle and attribute/dataset helpers (see hdf5.hpp). Every function takes the lock
+// itself, so callers that forget cannot race; recursion makes the nested take free of deadlock.
+#include "core/hdf5.hpp"
+
+#include "core/error.hpp"
+
+namespace mpt {
+
+std::unique_lock<std::recursive_mutex> hdf5_lock() {
+  static std::recursive_mutex mutex;
+  return std::unique_lock<std::recursive_mutex>(mutex);
+}
+
+void hdf5_quiet() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto lock = hdf5_lock();
+    MPT_CHECK_HDF5(H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr));
+  });
+}
+
+std::string hdf5_last_error() {
+  auto lock = hdf5_lock();
+  return detail::hdf5_error_string(-1);
+}
+
+void Hdf5Handle::reset(hid_t id) {
+  if (id_ >= 0) {
+    auto lock = hdf5_lock();
+    if (H5Iis_valid(id_) > 0) {
+      // A failed close in a destructor cannot be reported usefully; writers close their files
+      // explicitly (release() + H5Fclose under MPT_CHECK_HDF5) where a failure matters.
+      switch (H5Iget_type(id_)) {
+        case H5I_FILE:
+          H5Fclose(id_);
+          break;
+        case H5I_GROUP:
+          H5Gclose(id_);
+          break;
+        case H5I_DATATYPE:
+          H5Tclose(id_);
+          break;
+        case H5I_DATASPACE:
+          H5Sclose(id_);
+          break;
+        case H5I_DATASET:
+          H5Dclose(id_);
+          break;
+        case H5I_ATTR:
+          H5Aclose(id_);
+          break;
+        case H5I_GENPROP_LST:
+          H5Pclose(id_);
+          break;
+        default:
+          H5Idec_ref(id_);
+          break;
+      }
+    }
+  }
+  id_ = id;
+}
+
+namespace {
+
+// Checks an id returned by an HDF5 create/open call and wraps it.
+Hdf5Handle checked(hid_t id, const char* call_text, const char* file, int line) {
+  if (id < 0) detail::check_failed("HDF5", call_text, detail::hdf5_error_string(id), file, line);
+  return Hdf5Handle(id);
+}
+#define MPT_HDF5_HANDLE(call) checked((call), #call, __FILE__, __LINE__)
+
+Hdf5Handle variable_string_type() {
+  Hdf5Handle type = MPT_HDF5_HANDLE(H5Tcopy(H5T_C_S1));
+  MPT_CHECK_HDF5(H5Tset_size(type.get(), H5T_VARIABLE));
+  MPT_CHECK_HDF5(H5Tset_cset(type.get(), H5T_CSET_UTF8));
+  return type;
+}
+
+void write_attribute_raw(hid_t object, const std::string& name, hid_t file_type, hid_t memory_type,
+                         hid_t space, const void* data) {
+  auto lock = hdf5_lock();
+  if (hdf5_has_attribute(object, name)) MPT_CHECK_HDF5(H5Adelete(object, name.c_str()));
+  Hdf5Handle attribute =
+      MPT_HDF5_HANDLE(H5Acreate2(object, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT));
+  MPT_CHECK_HDF5(H5Awrite(attribute.get(), memory_type, data));
+}
+
+void write_scalar_attribute(hid_t object, const std::string& name, hid_t file_type,
+                            hid_t memory_type, const void* data) {
+  auto lock = hdf5_lock();
+  Hdf5Handle space = MPT_HDF5_HANDLE(H5Screate(H5S_SCALAR));
+  write_attribute_raw(object, name, file_type, memory_type, space.get(), data);
+}
+
+Hdf5Handle vector_space(std::size_t count) {
+  const hsize_t extent = count;
+  return MPT_HDF5_HANDLE(H5Screate_simple(1, &extent, nullptr));
+}
+
+// Opens attribute NAME if it exists and has the wanted type class; also returns its size.
+struct OpenedAttribute {
+  Hdf5Handle attribute;
+  Hdf5Handle type;
+  std::int64_t count = 0;
+};
+std::optional<OpenedAttribute> open_attribute(hid_t object, const std::string& name,
+                                              std::initializer_list<H5T_class_t> classes) {
+  if (!hdf5_has_attribute(object, name)) return std::nullopt;
+  OpenedAttribute opened;
+  opened.attribute = MPT_HDF5_HANDLE(H5Aopen(object, name.c_str(), H5P_DEFAULT));
+  opened.type = MPT_HDF5_HANDLE(H5Aget_type(opened.attribute.get()));
+  const H5T_class_t type_class = H5Tget_class(opened.type.get());
+  bool wanted = false;
+  for (auto c : classes) wanted = wanted || c == type_class;
+  if (!wanted) return std::nullopt;
+  Hdf5Handle space = MPT_HDF5_HANDLE(H5Aget_space(opened.attribute.get()));
+  const hssize_t points = H5Sget_simple_extent_npoints(space.get());
+  MPT_CHECK_HDF5(points);
+  opened.count = points;
+  return opened;
+}
+
+std::vector<std::string> read_strings(const OpenedAttribute& opened) {
+  const hid_t attribute = opened.attribute.get();
+  const auto count = static_cast<std::size_t>(opened.count);
+  std::vector<std::string> values;
+  values.reserve(count);
+  if (H5Tis_variable_str(opened.type.get()) > 0) {
+    Hdf5Handle memory_type = variable_string_type();
+    MPT_CHECK_HDF5(H5Tset_cset(memory_type.get(), H5Tget_cset(opened.type.get())));
+    std::vector<char*> pointers(count, nullptr);
+    MPT_CHECK_HDF5(H5Aread(attribute, memory_type.get(), pointers.data()));
+    for (char* p : pointers) values.emplace_back(p ? p : "");
+    Hdf5Handle space = MPT_HDF5_HANDLE(H5Aget_space(attribute));
+    MPT_CHECK_HDF5(H5Dvlen_reclaim(memory_type.get(), space.get(), H5P_DEFAULT, pointers.data()));
+  } else {
+    const std::size_t size = H5Tget_size(opened.type.get());
+    std::vector<char> buffer(size * count + 1, '\0');
+    MPT_CHECK_HDF5(H5Aread(attribute, opened.type.get(), buffer.data()));
+    for (std::size_t i = 0; i < count; ++i) {
+      const char* begin = buffer.data() + i * size;
+      std::size_t length = 0;
+      while (length < size && begin[length] != '\0') ++length;
+      // Space-padded fixed strings (Fortran style) carry trailing blanks that are not content.
+      while (length > 0 && begin[length - 1] == ' ') --length;
+      values.emplace_back(begin, length);
+    }
+  }
+  return values;
+}
+
+}  // namespace
+
+bool hdf5_has_attribute(hid_t object, const std::string& name) {
+  auto lock = hdf5_lock();
+  const htri_t exists = H5Aexists(object, name.c_str());
+  MPT_CHECK_HDF5(exists);
+  return exists > 0;
+}
+
+bool hdf5_has_link(hid_t location, const std::string& path) {
+  auto lock = hdf5_lock();
+  // H5Lexists fails (rather than answering false) when an intermediate group is missing, so the
+  // path is walked one component at a time.
+  std::string prefix;
+  std::size_t begin = 0;
+  while (begin <= path.size()) {
+    std::size_t end = path.find('/', begin);
+    if (end == std::string::npos) end = path.size();
+    if (end > begin) {
+      if (!prefix.empty()) prefix += '/';
+      prefix.append(path, begin, end - begin);
+      const htri_t exists = H5Lexists(location, prefix.c_str(), H5P_DEFAULT);
+      MPT_CHECK_HDF5(exists);
+      if (exists == 0) return false;
+      if (end < path.size()) {
+        // Only groups can hold further components. (H5Oopen + H5Iget_type rather than
+        // H5Oget_info*, whose signature changed between HDF5 1.10 and 1.12.)
+        Hdf5Handle object = MPT_HDF5_HANDLE(H5Oopen(location, prefix.c_str(), H5P_DEFAULT));
+        if (H5Iget_type(object.get()) != H5I_GROUP) return false;
+      }
+    }
+    begin = end + 1;
+  }
+  return !prefix.empty();
+}
+
+void hdf5_write_attribute(hid_t object, const std::string& name, std::int32_t value) {
+  write_scalar_attribute(object, name, H5T_STD_I32LE, H5T_NATIVE_INT32, &value);
+}
+void hdf5_write_attribute(hid_t object, const std::string& name, std::int64_t value) {
+  write_scalar_attribute(object, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value);
+}
+void hdf5_write_attribute(hid_t object, const std::string& name, std::uint32_t value) {
+  write_scalar_attribute(object, name, H5T_STD_U32LE, H5T_NATIVE_UINT32, &value);
+}
+void hdf5_write_attribute(hid_t object, const std::string& name, float value) {
+  write_scalar_attribute(object, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, &value);
+}
+void hdf5_write_attribute(hid_t object, const std::string& name, const std::string& value) {
+  auto lock = hdf5_lock();
+  Hdf5Handle type = variable_string_type();
+  const char* pointer = value.c_str();
+  write_scalar_attribute(object, name, type.get(), type.get(), &pointer);
+}
+void hdf5_write_attribute(hid_t object, const std::string& name, const char* value) {
+  hdf5_write_attribute(object, name, std::string(value));
+}
+void hdf5_write_attribute(hid_t object, const std::string& name,
+                          const std::vector<std::int64_t>& values) {
+  auto lock = hdf5_lock();
+  Hdf5Handle space = vector_space(values.size());
+  write_attribute_raw(object, name, H5T_STD_I64LE, H5T_NATIVE_INT64, space.get(), values.data());
+}
+void hdf5_write_attribute(hid_t object, const std::string& name,
+                          const std::vector<std::string>& values) {
+  auto lock = hdf5_lock();
+  Hdf5Handle type = variable_string_type();
+  Hdf5Handle space = vector_space(values.size());
+  std::vector<const char*> pointers;
+  pointers.reserve(values.size());
+  for (const auto& value : values) pointers.push_back(value.c_str());
+  write_attribute_raw(object, name, type.get(), type.get(), space.get(), pointers.data());
+}
+
+std::optional<std::int64_t> hdf5_read_int_attribute(hid_t object, const std::string& name) {
+  auto lock = hdf5_lock();
+  auto opened = open_attribute(object, name, {H5T_INTEGER});
+  if (!opened || opened->count != 1) return std::nullopt;
+  std::int64_t value = 0;
+  MPT_CHECK_HDF5(H5Aread(opened->attribute.get(), H5T_NATIVE_INT64, &value));
+  return value;
+}
+
+std::optional<double> hdf5_read_float_attribute(hid_t object, const std::string& name) {
+  auto lock = hdf5_lock();
+  auto opened = open_attribute(object, name, {H5T_FLOAT, H5T_INTEGER});
+  if (!opened || opened->count != 1) return std::nullopt;
+  double value = 0;
+  MPT_CHECK_HDF5(H5Aread(opened->attribute.get(), H5T_NATIVE_DOUBLE, &value));
+  return value;
+}
+
+std::optional<std::string> hdf5_read_string_attribute(hid_t object, const std::string& name) {
+  auto lock = hdf5_lock();
+  auto opened = open_attribute(object, name, {H5T_STRING});
+  if (!opened || opened->count != 1) return std::nullopt;
+  return read_strings(*opened).front();
+}
+
+std::optional<std::vector<std::int64_t>> hdf5_read_int_array_attribute(hid_t object,
+                                                                       const std::string& name) {
+  auto lock = hdf5_lock();
+  auto opened = open_attribute(object, name, {H5T_INTEGER});
+  if (!opened) return std::nullopt;
+  std::vector<std::int64_t> values(static_cast<std::size_t>(opened->count));
+  if (!values.empty())
+    MPT_CHECK_HDF5(H5Aread(opened->attribute.get(), H5T_NATIVE_INT64, values.data()));
+  return values;
+}
+
+std::optional<std::vector<std::string>> hdf5_read_string_array_attribute(hid_t object,
+                                                                         const std::string& name) {
+  auto lock = hdf5_lock();
+  auto opened = open_attribute(object, name, {H5T_STRING});
+  if (!opened) return std::nullopt;
+  if (opened->count == 0) return std::vector<std::string>{};
+  return read_strings(*opened);
+}
+
+Shape hdf5_dataset_shape(hid_t dataset) {
+  auto lock = hdf5_lock();
+  Hdf5Handle space = MPT_HDF5_HANDLE(H5Dget_space(dataset));
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  MPT_CHECK_HDF5(rank);
+  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+  if (rank > 0) MPT_CHECK_HDF5(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr));
+  return Shape(dims.begin(), dims.end());
+}
+
+Hdf5Handle hdf5_write_dataset(hid_t location, const std::string& path, hid_t file_type,
+                              hid_t memory_type, const Shape& shape, const void* data,
+                              const Shape& chunk) {
+  auto lock = hdf5_lock();
+  const std::vector<hsize_t> dims(shape.begin(), shape.end());
+  Hdf5Handle space =
+      shape.empty()
+          ? MPT_HDF5_HANDLE(H5Screate(H5S_SCALAR))
+          : MPT_HDF5_HANDLE(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
+  Hdf5Handle link_properties = MPT_HDF5_HANDLE(H5Pcreate(H5P_LINK_CREATE));
+  MPT_CHECK_HDF5(H5Pset_create_intermediate_group(link_properties.get(), 1));
+  Hdf5Handle create_properties = MPT_HDF5_HANDLE(H5Pcreate(H5P_DATASET_CREATE));
+  if (!chunk.empty()) {
+    const std::vector<hsize_t> chunk_dims(chunk.begin(), chunk.end());
+    MPT_CHECK_HDF5(H5Pset_chunk(create_properties.get(), static_cast<int>(chunk_dims.size()),
+                                chunk_dims.data()));
+  }
+  Hdf5Handle dataset =
+      MPT_HDF5_HANDLE(H5Dcreate2(location, path.c_str(), file_type, space.get(),
+                                 link_properties.get(), create_properties.get(), H5P_DEFAULT));
+  if (shape_numel(shape) > 0)
+    MPT_CHECK_HDF5(H5Dwrite(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
+  return dataset;
+}
+
+herr_t hdf5_read_dataset(hid_t dataset, hid_t memory_type, void* out) {
+  auto lock = hdf5_lock();
+  return H5Dread(dataset, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out);
+}
+
+std::string hdf5_type_name(hid_t type) {
+  auto lock = hdf5_lock();
+  const std::size_t bits = H5Tget_size(type) * 8;
+  switch (H5Tget_class(type)) {
+    case H5T_INTEGER:
+      return std::string(H5Tget_sign(type) == H5T_SGN_NONE ? "uint" : "int") + std::to_string(bits);
+    case H5T_FLOAT:
+      return "float" + std::to_string(bits);
+    case H5T_STRING:
+      return H5Tis_variable_str(type) > 0 ? "string" : "string[" + std::to_string(bits / 8) + "]";
+    case H5T_COMPOUND:
+      return "compound";
+    case H5T_ENUM:
+      return "enum";
+    case H5T_ARRAY:
+      return "array";
+    case H5T_VLEN:
+      return "vlen";
+    case H5T_OPAQUE:
+      return "opaque";
+    case H5T_REFERENCE:
+      return "reference";
+    default:
+      return "unknown";
+  }
+}
+
+}  // namespace mpt

@@ -1,0 +1,218 @@
+// Sequential model: building from a spec, the flat parameter layout, initialisation, buffer
+// planning, and the forward and backward passes over the layers.
+#include <cstdio>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "core/random.hpp"
+#include "nn/dense.hpp"
+#include "nn/nn.hpp"
+#include "nn/relu_layer.hpp"
+#include "nn/spec.hpp"
+
+namespace mpt::nn {
+
+void Layer::bind_params(std::vector<Tensor> values, std::vector<Tensor> grads) {
+  const auto specs = param_specs();
+  if (values.size() != specs.size() || grads.size() != specs.size())
+    abort_job("nn::Layer::bind_params: " + name() + " needs " + std::to_string(specs.size()) +
+              " parameters, got " + std::to_string(values.size()));
+  params_.clear();
+  for (std::size_t i = 0; i < specs.size(); ++i)
+    params_.push_back({name() + "/" + specs[i].name, std::move(values[i]), std::move(grads[i])});
+}
+
+Model::Model(Model&&) noexcept = default;
+Model& Model::operator=(Model&&) noexcept = default;
+Model::~Model() = default;
+
+Model Model::build(const std::string& name_or_spec, const Shape& sample_shape, int num_classes) {
+  if (num_classes < 1) abort_job("nn::Model::build: num_classes must be positive");
+  if (sample_shape.empty() || shape_numel(sample_shape) <= 0)
+    abort_job("nn::Model::build: bad sample shape " + shape_to_string(sample_shape));
+  const auto layer_specs = parse_model_spec(name_or_spec, num_classes);
+
+  Model model;
+  model.sample_shape_ = sample_shape;
+  model.num_classes_ = num_classes;
+  // The implicit flatten: layers see [batch, features].
+  Shape shape{shape_numel(sample_shape)};
+  std::int64_t total_params = 0;
+  for (std::size_t i = 0; i < layer_specs.size(); ++i) {
+    // Named by position, like the indices of PyTorch's nn.Sequential: dense0, relu1, dense2.
+    const std::string name = layer_specs[i].kind + std::to_string(i);
+    std::unique_ptr<Layer> layer;
+    if (layer_specs[i].kind == "dense")
+      layer = std::make_unique<Dense>(name, shape_numel(shape), layer_specs[i].size);
+    else
+      layer = std::make_unique<ReluLayer>(name);
+    shape = layer->output_shape(shape);
+    for (const auto& param : layer->param_specs()) total_params += shape_numel(param.shape);
+    model.output_shapes_.push_back(shape);
+    model.layers_.push_back(std::move(layer));
+  }
+
+  // One allocation for all parameters and one for all gradients, densely packed in layer order
+  // (weight, then bias), so the all-reduce and the optimizer each see one buffer.
+  model.params_ = Tensor({total_params}, DType::f32);
+  model.grads_ = Tensor({total_params}, DType::f32);
+  std::int64_t offset = 0;
+  for (auto& layer : model.layers_) {
+    std::vector<Tensor> values, grads;
+    for (const auto& param : layer->param_specs()) {
+      values.push_back(Tensor::view(model.params_, offset, param.shape));
+      grads.push_back(Tensor::view(model.grads_, offset, param.shape));
+      offset += shape_numel(param.shape);
+    }
+    layer->bind_params(std::move(values), std::move(grads));
+  }
+  return model;
+}
+
+void Model::init_params(std::uint64_t seed) {
+  std::uint64_t stream = 0;
+  for (const auto& layer : layers_) {
+    const auto specs = layer->param_specs();
+    for (std::size_t p = 0; p < specs.size(); ++p, ++stream) {
+      const CounterRng rng(seed, stream);
+      Tensor value = layer->params()[p].value;
+      float* data = value.data<float>();
+      const float bound = specs[p].init_bound;
+      for (std::int64_t i = 0; i < value.numel(); ++i)
+        data[i] = bound * (2.f * rng.uniform(static_cast<std::uint64_t>(i)) - 1.f);
+    }
+  }
+}
+
+void Model::plan(std::int64_t max_batch) {
+  if (max_batch < 1) abort_job("nn::Model::plan: max_batch must be positive");
+  planned_batch_ = max_batch;
+  outputs_.clear();
+  output_grads_.clear();
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    Shape shape{max_batch};
+    shape.insert(shape.end(), output_shapes_[i].begin(), output_shapes_[i].end());
+    outputs_.emplace_back(shape, DType::f32);
+    // The last layer's output gradient is the caller's dlogits.
+    if (i + 1 < layers_.size()) output_grads_.emplace_back(shape, DType::f32);
+  }
+  current_batch_ = -1;
+  have_forward_ = false;
+  use_batch(max_batch);
+}
+
+void Model::use_batch(std::int64_t batch) {
+  if (batch == current_batch_) return;
+  // Changes only for a short last batch of an epoch or an evaluation pass, so the few small
+  // allocations of new views stay out of the steady state.
+  output_views_.clear();
+  output_grad_views_.clear();
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    Shape shape{batch};
+    shape.insert(shape.end(), output_shapes_[i].begin(), output_shapes_[i].end());
+    output_views_.push_back(Tensor::view(outputs_[i], 0, shape));
+    if (i + 1 < layers_.size())
+      output_grad_views_.push_back(Tensor::view(output_grads_[i], 0, shape));
+  }
+  current_batch_ = batch;
+}
+
+const Tensor& Model::flat_input(const Tensor& x) {
+  for (std::size_t i = 0; i < flat_inputs_.size(); ++i) {
+    const Tensor& cached = flat_inputs_[i];
+    if (cached.defined() && cached.raw() == x.raw() && cached.dim(0) == x.dim(0)) {
+      last_input_ = i;
+      return cached;
+    }
+  }
+  const std::size_t slot = next_flat_input_;
+  next_flat_input_ = (next_flat_input_ + 1) % flat_inputs_.size();
+  flat_inputs_[slot] = Tensor::view(x, 0, {x.dim(0), shape_numel(sample_shape_)});
+  last_input_ = slot;
+  return flat_inputs_[slot];
+}
+
+const Tensor& Model::forward(const Tensor& x, bool training) {
+  if (planned_batch_ == 0) abort_job("nn::Model::forward: call plan() first");
+  if (!x.defined() || x.dtype() != DType::f32 || x.rank() < 1 ||
+      x.numel() != x.dim(0) * shape_numel(sample_shape_) || x.dim(0) > planned_batch_)
+    abort_job("nn::Model::forward: input " +
+              (x.defined() ? x.describe() : std::string("undefined")) + " is not f32 [b, " +
+              shape_to_string(sample_shape_) + "] with b <= " + std::to_string(planned_batch_));
+  use_batch(x.dim(0));
+  const Tensor* input = &flat_input(x);
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    layers_[i]->forward(*input, output_views_[i], training);
+    input = &output_views_[i];
+  }
+  have_forward_ = true;
+  return output_views_.back();
+}
+
+void Model::backward(const Tensor& dlogits) {
+  if (!have_forward_) abort_job("nn::Model::backward: no forward pass to differentiate");
+  if (dlogits.shape() != output_views_.back().shape())
+    abort_job("nn::Model::backward: dlogits " + dlogits.describe() + " does not match logits " +
+              output_views_.back().describe());
+  for (std::size_t i = layers_.size(); i-- > 0;) {
+    const Tensor& input = i == 0 ? flat_inputs_[last_input_] : output_views_[i - 1];
+    const Tensor& output_grad = i + 1 == layers_.size() ? dlogits : output_grad_views_[i];
+    // The input needs no gradient: skip the first layer's dx (a whole matmul for a dense).
+    Tensor* input_grad = i == 0 ? nullptr : &output_grad_views_[i - 1];
+    layers_[i]->backward(input, output_views_[i], output_grad, input_grad);
+  }
+}
+
+std::vector<NamedParam> Model::named_params() const {
+  std::vector<NamedParam> all;
+  for (const auto& layer : layers_)
+    for (const auto& param : layer->params()) all.push_back(param);
+  return all;
+}
+
+std::string Model::spec() const {
+  std::string text;
+  for (const auto& layer : layers_) {
+    if (!text.empty()) text += ',';
+    text += layer->spec();
+  }
+  return text;
+}
+
+double Model::flops_per_sample() const {
+  double total = 0;
+  Shape shape{shape_numel(sample_shape_)};
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    total += layers_[i]->flops_per_sample(shape);
+    shape = output_shapes_[i];
+  }
+  return total;
+}
+
+std::string Model::summary() const {
+  std::ostringstream out;
+  char line[160];
+  std::snprintf(line, sizeof line, "%-10s %-14s %14s %16s\n", "layer", "output", "params",
+                "forward FLOPs");
+  out << line;
+  std::snprintf(line, sizeof line, "%-10s %-14s %14d %16d\n", "input",
+                shape_to_string(sample_shape_).c_str(), 0, 0);
+  out << line;
+  Shape shape{shape_numel(sample_shape_)};
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    std::int64_t count = 0;
+    for (const auto& param : layers_[i]->params()) count += param.value.numel();
+    std::snprintf(line, sizeof line, "%-10s %-14s %14lld %16.0f\n", layers_[i]->name().c_str(),
+                  shape_to_string(output_shapes_[i]).c_str(), static_cast<long long>(count),
+                  layers_[i]->flops_per_sample(shape));
+    out << line;
+    shape = output_shapes_[i];
+  }
+  std::snprintf(line, sizeof line, "%-10s %-14s %14lld %16.0f   (per sample)\n", "total",
+                shape_to_string(output_shapes_.back()).c_str(),
+                static_cast<long long>(num_params()), flops_per_sample());
+  out << line;
+  return out.str();
+}
+
+}  // namespace mpt::nn

@@ -1,0 +1,337 @@
+// The data-parallel training loop: every rank reads its shard, runs forward and backward on
+// planned buffers, and the ranks average gradients before an identical optimizer step.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "ckpt/ckpt.hpp"
+#include "core/error.hpp"
+#include "core/json.hpp"
+#include "data/data.hpp"
+#include "kernels/matmul.hpp"
+#include "kernels/softmax_xent.hpp"
+#include "nn/nn.hpp"
+#include "optim/optim.hpp"
+#include "train/evaluate.hpp"
+#include "train/train.hpp"
+
+namespace mpt::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Creates DIR (and parents); a failure is a user error naming OPTION.
+void ensure_directory(const std::string& dir, const std::string& option) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  MPT_REQUIRE(!error, "cannot create directory '" + dir + "' for " + option + ": " + error.message(),
+              "choose a writable path with " + option + "=DIR");
+}
+
+data::ReaderOptions reader_options(const DataConfig& config, const std::string& option) {
+  data::ReaderOptions options;
+  options.samples_name = config.samples_name;
+  options.labels_name = config.labels_name;
+  options.chunk_cache_bytes = static_cast<std::size_t>(config.chunk_cache_mb) << 20;
+  options.option_prefix = option;
+  return options;
+}
+
+void validate(const RunConfig& config) {
+  MPT_REQUIRE(!config.data.train_path.empty(), "no training data given (--data.train)",
+              "set [data] train = PATH in the config or pass --data.train=PATH");
+  MPT_REQUIRE(config.loop.batch_size > 0,
+              "--train.batch-size must be positive, got " + std::to_string(config.loop.batch_size),
+              "the batch size is per rank, e.g. --train.batch-size=64");
+  MPT_REQUIRE(config.loop.epochs > 0, "--train.epochs must be positive", "e.g. --train.epochs=2");
+  MPT_REQUIRE(config.loop.max_steps >= 0, "--train.max-steps must be >= 0",
+              "0 means no limit besides --train.epochs");
+  MPT_REQUIRE(config.loop.log_every > 0, "--train.log-every must be positive", "e.g. 50");
+  MPT_REQUIRE(config.optimizer.name == "sgd",
+              "unknown optimizer '" + config.optimizer.name + "' (--optimizer.name)",
+              "this version has: sgd");
+  MPT_REQUIRE(config.optimizer.lr > 0 && std::isfinite(config.optimizer.lr),
+              "--optimizer.lr must be a positive number", "e.g. --optimizer.lr=0.05");
+  MPT_REQUIRE(config.optimizer.momentum >= 0 && config.optimizer.momentum < 1,
+              "--optimizer.momentum must be in [0, 1)", "e.g. --optimizer.momentum=0.9");
+  MPT_REQUIRE(config.optimizer.weight_decay >= 0, "--optimizer.weight-decay must be >= 0",
+              "e.g. --optimizer.weight-decay=5e-4");
+  MPT_REQUIRE(config.data.chunk_cache_mb >= 0, "--data.chunk-cache-mb must be >= 0", "e.g. 64");
+}
+
+// Appends one JSON object per line to metrics.jsonl; only rank 0 holds an open file.
+class MetricsLog {
+ public:
+  void open(const std::string& dir) {
+    path_ = dir + "/metrics.jsonl";
+    file_.open(path_, std::ios::trunc);
+    MPT_REQUIRE(file_.good(), "cannot write '" + path_ + "' (--output.dir)",
+                "choose a writable directory with --output.dir=DIR");
+  }
+  void write(const JsonObject& record) {
+    if (!file_.is_open()) return;
+    file_ << record.str() << '\n';
+    file_.flush();  // a killed run keeps every line written so far
+  }
+
+ private:
+  std::string path_;
+  std::ofstream file_;
+};
+
+void write_text_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text << '\n';
+    MPT_REQUIRE(out.good(), "cannot write '" + path + "'", "check free space and permissions");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace
+
+struct Trainer::State {
+  State(const RunConfig& run_config, const comm::World& run_world) : config(run_config), world(run_world) {}
+  RunConfig config;
+  const comm::World& world;
+  Clock::time_point wall_start = Clock::now();
+  std::optional<data::DatasetReader> train_reader, test_reader;
+  std::optional<nn::Model> model;
+  std::optional<data::ShardPlan> plan;
+  MetricsLog metrics;
+};
+
+Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
+    : state_(std::make_unique<State>(run_config, run_world)) {
+  const auto& config = state_->config;
+  const auto& world = state_->world;
+  const bool root = world.rank() == 0;
+  auto& train_reader = state_->train_reader;
+  auto& test_reader = state_->test_reader;
+  auto& model = state_->model;
+  auto& plan = state_->plan;
+  auto& metrics = state_->metrics;
+  // Setup makes no collective call, so a bad option or file on any rank ends every rank here.
+  world.run_agreed([&] {
+    validate(config);
+    train_reader.emplace(config.data.train_path, reader_options(config.data, "--data.train"));
+    if (!config.data.test_path.empty()) {
+      test_reader.emplace(config.data.test_path, reader_options(config.data, "--data.test"));
+      const auto& train_info = train_reader->info();
+      const auto& test_info = test_reader->info();
+      MPT_REQUIRE(test_info.sample_shape == train_info.sample_shape,
+                  "test set '" + test_info.path + "' has sample shape " +
+                      shape_to_string(test_info.sample_shape) + " but the training set has " +
+                      shape_to_string(train_info.sample_shape),
+                  "--data.test must come from the same preparation as --data.train");
+      MPT_REQUIRE(test_info.num_classes == train_info.num_classes,
+                  "test set '" + test_info.path + "' has " + std::to_string(test_info.num_classes) +
+                      " classes but the training set has " + std::to_string(train_info.num_classes),
+                  "--data.test must come from the same preparation as --data.train");
+    }
+    const auto& info = train_reader->info();
+    const std::string model_spec = config.model.layers.empty() ? config.model.name : config.model.layers;
+    model.emplace(nn::Model::build(model_spec, info.sample_shape, info.num_classes));
+    plan.emplace(info.num_samples, config.loop.batch_size, world.size(), world.rank(),
+                 config.loop.seed, config.loop.shuffle);
+    if (root && !config.output_dir.empty()) {
+      ensure_directory(config.output_dir, "--output.dir");
+      metrics.open(config.output_dir);
+    }
+    if (root && !config.checkpoint_dir.empty()) ensure_directory(config.checkpoint_dir, "--checkpoint.dir");
+  });
+
+}
+
+Trainer::~Trainer() = default;
+
+const Tensor& Trainer::params() const { return state_->model->params(); }
+
+TrainSummary run_training(const RunConfig& config, const comm::World& world) {
+  Trainer trainer(config, world);
+  return trainer.run();
+}
+
+TrainSummary Trainer::run() {
+  const auto& config = state_->config;
+  const auto& world = state_->world;
+  const auto wall_start = state_->wall_start;
+  const bool root = world.rank() == 0;
+  auto& train_reader = state_->train_reader;
+  auto& test_reader = state_->test_reader;
+  auto& model = state_->model;
+  auto& plan = state_->plan;
+  auto& metrics = state_->metrics;
+
+  const std::int64_t batch = config.loop.batch_size;
+  const std::int64_t global_batch = plan->global_batch();
+  const std::int64_t steps_per_epoch = plan->steps_per_epoch();
+  std::int64_t total_steps = config.loop.epochs * steps_per_epoch;
+  if (config.loop.max_steps > 0) total_steps = std::min(total_steps, config.loop.max_steps);
+  const auto& info = train_reader->info();
+
+  if (root) {
+    std::printf("mptrain %s: %d rank(s), model %s (%lld parameters), batch %lld per rank, global %lld, "
+                "%lld steps per epoch, matmul %s\n",
+                MPTRAIN_VERSION, world.size(), model->spec().c_str(),
+                static_cast<long long>(model->num_params()), static_cast<long long>(batch),
+                static_cast<long long>(global_batch), static_cast<long long>(steps_per_epoch),
+                kernels::matmul_backend() == kernels::MatmulBackend::dnnl ? "oneDNN" : "BLAS");
+    if (config.model.print) std::printf("%s", model->summary().c_str());
+    std::fflush(stdout);
+  }
+
+  // Every buffer of the steady state is planned here, once.
+  model->plan(batch);
+  Tensor inputs(concat_shape(batch, info.sample_shape), DType::f32);
+  Tensor labels({batch}, DType::i32);
+  Tensor dlogits({batch, model->num_classes()}, DType::f32);
+  std::vector<std::int64_t> indices;
+  indices.reserve(static_cast<std::size_t>(batch));
+
+  // Rank 0 draws the initial weights and broadcasts them: the ranks start identical even if a
+  // site's libm differs between nodes.
+  if (root) model->init_params(config.loop.seed);
+  world.broadcast(model->params(), 0);
+
+  optim::SgdOptions sgd_options;
+  sgd_options.lr = static_cast<float>(config.optimizer.lr);
+  sgd_options.momentum = static_cast<float>(config.optimizer.momentum);
+  sgd_options.weight_decay = static_cast<float>(config.optimizer.weight_decay);
+  sgd_options.nesterov = config.optimizer.nesterov;
+  optim::Sgd optimizer(model->params(), model->grads(), sgd_options);
+  comm::GradientReducer reducer(world);
+  const float grad_scale = 1.0f / static_cast<float>(global_batch);
+  const float lr = static_cast<float>(config.optimizer.lr);
+
+  TrainSummary summary;
+  double train_seconds = 0;
+  // Loss and accuracy of the current logging window, summed locally and reduced when logged.
+  double window[3] = {0, 0, 0};  // loss sum, correct, samples
+  double last_window_loss = std::nan("");
+  auto window_start = Clock::now();
+  std::int64_t window_steps = 0;
+
+  std::int64_t step = 0;
+  for (std::int64_t epoch = 0; epoch < config.loop.epochs && step < total_steps; ++epoch) {
+    const auto epoch_start = Clock::now();
+    for (std::int64_t epoch_step = 0; epoch_step < steps_per_epoch && step < total_steps; ++epoch_step) {
+      const auto step_start = Clock::now();
+      plan->batch_indices(epoch, epoch_step, indices);
+      train_reader->read_batch(indices, inputs, labels);
+      const Tensor& logits = model->forward(inputs, /*training=*/true);
+      const auto stats = kernels::softmax_xent_forward_backward(logits, labels, dlogits, grad_scale);
+      model->backward(dlogits);
+      reducer.reduce(model->grads());
+      optimizer.step(lr);
+      train_seconds += seconds_since(step_start);
+      window[0] += stats.loss_sum;
+      window[1] += static_cast<double>(stats.correct);
+      window[2] += static_cast<double>(batch);
+      ++step;
+      ++window_steps;
+
+      const bool log_now = step % config.loop.log_every == 0 || step == total_steps ||
+                           epoch_step + 1 == steps_per_epoch;
+      if (!log_now) continue;
+      world.allreduce_sum(window, 3);
+      const double window_seconds = world.max(seconds_since(window_start));
+      const double loss = window[0] / window[2];
+      last_window_loss = loss;
+      const double samples_per_s = window[2] / window_seconds;
+      if (root) {
+        std::printf("step %lld/%lld  epoch %lld  loss %.4f  train_acc %.4f  lr %g  %.0f samples/s\n",
+                    static_cast<long long>(step), static_cast<long long>(total_steps),
+                    static_cast<long long>(epoch), loss, window[1] / window[2], config.optimizer.lr,
+                    samples_per_s);
+        std::fflush(stdout);
+        JsonObject record;
+        record.add("step", step).add("epoch", epoch).add("loss", loss)
+            .add("train_accuracy", window[1] / window[2]).add("lr", config.optimizer.lr)
+            .add("samples_per_s", samples_per_s).add("window_steps", window_steps);
+        metrics.write(record);
+      }
+      window[0] = window[1] = window[2] = 0;
+      window_steps = 0;
+      window_start = Clock::now();
+    }
+
+    summary.epochs = epoch + 1;
+    const bool epoch_complete = step % steps_per_epoch == 0;
+    const bool last = step >= total_steps;
+    if (test_reader && (epoch_complete || last)) {
+      const auto eval_start = Clock::now();
+      const EvalResult eval = evaluate(*model, *test_reader, batch, world);
+      summary.test_loss = eval.loss;
+      summary.test_accuracy = eval.accuracy;
+      if (root) {
+        std::printf("epoch %lld done in %.1f s: test_loss %.4f  test_accuracy %.4f  (%lld samples, eval %.1f s)\n",
+                    static_cast<long long>(epoch), seconds_since(epoch_start), eval.loss,
+                    eval.accuracy, static_cast<long long>(eval.samples), seconds_since(eval_start));
+        std::fflush(stdout);
+        JsonObject record;
+        record.add("step", step).add("epoch", epoch).add("test_loss", eval.loss)
+            .add("test_accuracy", eval.accuracy).add("test_samples", eval.samples);
+        metrics.write(record);
+      }
+      window_start = Clock::now();  // evaluation time is not training throughput
+    }
+  }
+
+  summary.steps = step;
+  summary.final_train_loss = last_window_loss;
+  // The slowest rank sets the pace of synchronous training.
+  train_seconds = world.max(train_seconds);
+  summary.samples_per_s = train_seconds > 0 ? static_cast<double>(step * global_batch) / train_seconds : 0;
+
+  world.run_agreed([&] {
+    if (!root || config.checkpoint_dir.empty()) return;
+    ckpt::CheckpointMeta meta;
+    meta.model_spec = model->spec();
+    meta.sample_shape = info.sample_shape;
+    meta.num_classes = model->num_classes();
+    meta.step = step;
+    meta.epoch = summary.epochs;
+    meta.world_size = world.size();
+    meta.global_batch = global_batch;
+    meta.mptrain_version = MPTRAIN_VERSION;
+    meta.git_hash = MPTRAIN_GIT_HASH;
+    std::vector<ckpt::NamedTensor> weights;
+    for (const auto& param : model->named_params()) weights.push_back({param.name, param.value});
+    const std::string path = ckpt::save_weights(config.checkpoint_dir, meta, weights);
+    std::printf("checkpoint: wrote %s\n", path.c_str());
+  });
+
+  summary.wall_s = world.max(seconds_since(wall_start));
+  if (root) {
+    JsonObject json;
+    json.add("world_size", world.size()).add("batch_per_rank", batch).add("global_batch", global_batch)
+        .add("epochs", summary.epochs).add("steps", summary.steps)
+        .add("final_train_loss", summary.final_train_loss)
+        .add("test_loss", test_reader ? summary.test_loss : std::nan(""))
+        .add("test_accuracy", test_reader ? summary.test_accuracy : std::nan(""))
+        .add("samples_per_s", summary.samples_per_s).add("train_s", train_seconds)
+        .add("wall_s", summary.wall_s).add("model", model->spec()).add("num_params", model->num_params())
+        .add("matmul", kernels::matmul_backend() == kernels::MatmulBackend::dnnl ? "onednn" : "blas")
+        .add("mptrain_version", MPTRAIN_VERSION).add("git_hash", MPTRAIN_GIT_HASH);
+    if (!config.output_dir.empty()) write_text_file(config.output_dir + "/summary.json", json.str());
+    std::printf("done: %lld steps, %.0f samples/s, final train loss %.4f", static_cast<long long>(step),
+                summary.samples_per_s, summary.final_train_loss);
+    if (test_reader) std::printf(", test accuracy %.4f", summary.test_accuracy);
+    std::printf(", %.1f s\n", summary.wall_s);
+    std::fflush(stdout);
+  }
+  return summary;
+}
+
+}  // namespace mpt::train
