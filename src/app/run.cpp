@@ -118,8 +118,13 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
   }
 
   if (command == "inspect") {
+    if (rest.size() == 1 && (rest[0] == "--help" || rest[0] == "-h")) {
+      print_help_once("usage: mptrain inspect FILE\n\nPrints what an mptrain data or checkpoint file (or any HDF5 file) holds:\n"
+                      "datasets with shapes and dtypes, attributes, and for data files the label histogram.\n", world);
+      return 0;
+    }
     world.run_agreed([&] {
-      MPT_REQUIRE(rest.size() == 1 && rest[0] != "--help" && rest[0] != "-h",
+      MPT_REQUIRE(rest.size() == 1,
                   rest.empty() ? std::string("no file given to `mptrain inspect`")
                                : "`mptrain inspect` takes exactly one FILE",
                   "usage: mptrain inspect FILE (an mptrain data or checkpoint file)");

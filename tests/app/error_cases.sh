@@ -63,6 +63,20 @@ PYEOF
   expect_error "labels out of range" 2 "$TMP/badlabels.h5" \
     train --data.train="$TMP/badlabels.h5" --output.dir="$TMP/o"
   grep -q "10" "$TMP/err" || fail "labels out of range: the bad value is not reported"
+  # NaN in the middle of a float dataset is found when a rank reads that batch, mid-training:
+  # that rank reports it and the job is aborted, so no rank waits forever in the all-reduce.
+  "$PY" - "$D/train.h5" "$TMP/nan.h5" <<'PYEOF'
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r") as src, h5py.File(sys.argv[2], "w") as dst:
+    x = src["samples"][...].astype(np.float32) / 255.0
+    x[300, 0, 5, 5] = np.nan
+    dst.create_dataset("samples", data=x, chunks=(16,) + x.shape[1:])
+    dst.create_dataset("labels", data=src["labels"][...])
+    for key, value in src.attrs.items():
+        dst.attrs[key] = value
+PYEOF
+  expect_error "NaN in float samples mid-run" 2 "$TMP/nan.h5" \
+    train --data.train="$TMP/nan.h5" --train.batch-size=16 --train.epochs=2 --output.dir="$TMP/o"
 else
   fail "labels out of range: $PY has no h5py (launch/install-deps.sh installs python3-h5py)"
 fi

@@ -13,41 +13,15 @@
 #include "core/error.hpp"
 #include "core/hdf5.hpp"
 #include "data/data.hpp"
+#include "tests/test_util.hpp"
 
 namespace mpt::ckpt {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  explicit TempDir(const std::string& name) {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    path_ =
-        "/tmp/mpt-test-" + name + "-" + std::to_string(::getpid()) + "-r" + std::to_string(rank);
-    fs::remove_all(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
-std::string user_error_text(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const UserError& error) {
-    return std::string(error.what()) + " (hint: " + error.hint() + ")";
-  }
-  ADD_FAILURE() << "expected a mpt::UserError, none was thrown";
-  return "";
-}
+using test::TempDir;
+using test::user_error_text;
 
 Tensor filled(Shape shape, float base) {
   Tensor tensor(std::move(shape), DType::f32);

@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "core/hdf5.hpp"
-#include "tests/data/test_util.hpp"
+#include "tests/test_util.hpp"
 
 namespace mpt {
 namespace {

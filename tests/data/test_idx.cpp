@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "data/data.hpp"
-#include "tests/data/test_util.hpp"
+#include "tests/test_util.hpp"
 
 namespace mpt::data {
 namespace {

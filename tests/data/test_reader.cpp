@@ -9,7 +9,7 @@
 #include "core/hdf5.hpp"
 #include "core/random.hpp"
 #include "data/data.hpp"
-#include "tests/data/test_util.hpp"
+#include "tests/test_util.hpp"
 
 namespace mpt::data {
 namespace {

@@ -6,7 +6,7 @@
 #include <numeric>
 
 #include "data/data.hpp"
-#include "tests/data/test_util.hpp"
+#include "tests/test_util.hpp"
 
 namespace mpt::data {
 namespace {

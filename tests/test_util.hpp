@@ -1,4 +1,4 @@
-// Helpers shared by the data tests: a per-process temporary directory and a way to capture the
+// Helpers shared by the tests: a per-process temporary directory and a way to capture the
 // text of an expected UserError.
 #pragma once
 
