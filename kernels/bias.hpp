@@ -8,7 +8,7 @@ namespace mpt::kernels {
 
 namespace host {
 void bias_add_forward(Tensor& y, const Tensor& bias);
-void bias_add_backward(const Tensor& dy, Tensor& dbias);
+void bias_add_backward(const Tensor& dy, Tensor& dbias, bool accumulate);
 }  // namespace host
 
 // y[b, n] += bias[n], in place. y is [B, N] f32, bias is [N] f32.
@@ -17,10 +17,11 @@ inline void bias_add_forward(Tensor& y, const Tensor& bias) {
   host::bias_add_forward(y, bias);
 }
 
-// dbias[n] = sum over b of dy[b, n]; overwrites dbias (no accumulation). dy is [B, N] f32.
-inline void bias_add_backward(const Tensor& dy, Tensor& dbias) {
+// dbias[n] = sum over b of dy[b, n]; overwrites dbias, or adds to it with ACCUMULATE (for a
+// batch processed in blocks of rows). dy is [B, N] f32.
+inline void bias_add_backward(const Tensor& dy, Tensor& dbias, bool accumulate = false) {
   if (dy.device() != Device::cpu) detail::built_without_cuda("kernels::bias_add_backward");
-  host::bias_add_backward(dy, dbias);
+  host::bias_add_backward(dy, dbias, accumulate);
 }
 
 }  // namespace mpt::kernels

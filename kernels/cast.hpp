@@ -10,6 +10,7 @@ namespace mpt::kernels {
 
 namespace host {
 void cast(const Tensor& src, Tensor& dst);
+void round_and_widen(const Tensor& src, Tensor& rounded, Tensor& widened);
 }  // namespace host
 
 // DST = SRC converted to DST's dtype, round to nearest even; Inf and NaN are preserved and
@@ -18,6 +19,14 @@ void cast(const Tensor& src, Tensor& dst);
 inline void cast(const Tensor& src, Tensor& dst) {
   if (src.device() != Device::cpu) detail::built_without_cuda("kernels::cast");
   host::cast(src, dst);
+}
+
+// ROUNDED (f16 or bf16) = SRC (f32) rounded to nearest even, and WIDENED (f32) = ROUNDED exactly,
+// in one pass: how a model recasts its 16-bit working weights and the f32 copy it computes
+// with from the FP32 masters. All three hold the same number of elements and do not overlap.
+inline void round_and_widen(const Tensor& src, Tensor& rounded, Tensor& widened) {
+  if (src.device() != Device::cpu) detail::built_without_cuda("kernels::round_and_widen");
+  host::round_and_widen(src, rounded, widened);
 }
 
 }  // namespace mpt::kernels

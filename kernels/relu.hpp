@@ -1,4 +1,5 @@
-// ReLU, forward and backward. Elementwise over any shape; the caller owns every tensor.
+// ReLU, forward and backward. Elementwise over any shape, in f32, f16 or bf16 (all tensors of
+// one call share the dtype); the caller owns every tensor.
 #pragma once
 
 #include "core/tensor.hpp"

@@ -32,7 +32,7 @@ void bias_add_forward(Tensor& y, const Tensor& bias) {
   });
 }
 
-void bias_add_backward(const Tensor& dy, Tensor& dbias) {
+void bias_add_backward(const Tensor& dy, Tensor& dbias, bool accumulate) {
   static const std::string label = "kernels::bias_add_backward";
   check_shapes("kernels::bias_add_backward", dy, dbias);
   const std::int64_t batch = dy.dim(0), features = dy.dim(1);
@@ -45,7 +45,8 @@ void bias_add_backward(const Tensor& dy, Tensor& dbias) {
   Kokkos::parallel_for(label, HostRange(0, blocks), [=](const std::int64_t block) {
     const std::int64_t begin = block * kColumnsPerBlock;
     const std::int64_t end = std::min(features, begin + kColumnsPerBlock);
-    for (std::int64_t j = begin; j < end; ++j) grad_bias[j] = 0.f;
+    if (!accumulate)
+      for (std::int64_t j = begin; j < end; ++j) grad_bias[j] = 0.f;
     for (std::int64_t row = 0; row < batch; ++row) {
       const float* __restrict grad_row = grad_out + row * features;
       for (std::int64_t j = begin; j < end; ++j) grad_bias[j] += grad_row[j];

@@ -16,7 +16,7 @@ namespace {
 struct RowTotals {
   double loss_sum;
   std::int64_t correct;
-  std::int64_t first_bad_row;  // smallest row with a label outside [0, C); max() if none
+  std::int64_t first_bad_row;  // smallest row with a label outside [0, C), not kIgnoreLabel; or max()
 };
 
 // A functor reduction: Kokkos 3.4 has no multi-value reducers for lambdas. Labels are checked
@@ -47,7 +47,7 @@ struct XentRows {
     const float* __restrict x = logits + row * classes;
     const std::int32_t label = labels[row];
     if (label < 0 || label >= classes) {
-      if (row < totals.first_bad_row) totals.first_bad_row = row;
+      if (label != kIgnoreLabel && row < totals.first_bad_row) totals.first_bad_row = row;
       if (dlogits)
         for (std::int64_t j = 0; j < classes; ++j) dlogits[row * classes + j] = 0.f;
       return;

@@ -1,27 +1,32 @@
 // Host unscale-and-check over many buckets. The finite test is folded into the scaling loop as
-// a reduction of (x - x), which is 0 for finite x and NaN for Inf or NaN, so the loop stays
-// branch-free and vectorised.
+// an OR over the exponent bits (all ones for Inf and NaN): an integer OR reduction vectorises,
+// where a float sum of (x - x) would not (float addition may not be reordered), and it ran at
+// a third of memory speed. 16-bit inputs are widened chunk by chunk, so the scaling pass reads
+// the f32 output while it is still in cache.
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "core/error.hpp"
 #include "core/half.hpp"
-#include "kernels/cast.hpp"
+#include "kernels/host/convert.hpp"
 #include "kernels/host/parallel.hpp"
 #include "kernels/unscale_check.hpp"
 
 namespace mpt::kernels::host {
 namespace {
 
-// Scales [begin, end) of IN into OUT and returns the sum of (x - x) over it: 0 when all finite.
+// Scales [begin, end) of IN into OUT; returns 1 when any value there is Inf or NaN, else 0.
 float scale_range(const float* in, float* out, std::int64_t begin, std::int64_t end, float factor) {
-  float poison = 0.f;
+  std::uint32_t non_finite = 0;
   for (std::int64_t i = begin; i < end; ++i) {
     const float x = in[i];
-    poison += x - x;
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
+    non_finite |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
     out[i] = x * factor;
   }
-  return poison;
+  return static_cast<float>(non_finite);
 }
 
 }  // namespace
@@ -38,20 +43,26 @@ bool unscale_and_check(std::span<const Tensor> inputs, std::span<Tensor> outputs
     detail::require_host_f32("kernels::unscale_and_check", "outputs must be f32 on the host", output);
     detail::require_pair(input.numel() == output.numel(), "kernels::unscale_and_check",
                          "each output must hold as many elements as its input", input, output);
-    if (input.dtype() != DType::f32) cast(input, output);  // widen, then scale in place
-    const float* in = input.dtype() == DType::f32 ? input.data<float>() : output.data<float>();
+    const DType from = input.dtype();
+    detail::require(from == DType::f32 || from == DType::f16 || from == DType::bf16,
+                    "kernels::unscale_and_check", "inputs must be f32, f16 or bf16", input);
+    const auto* in16 = static_cast<const std::uint16_t*>(input.raw());
     float* out = output.data<float>();
-    float poison = 0.f;
+    // A 16-bit chunk is widened into its output chunk first and then scaled there in place.
+    const float* in = from == DType::f32 ? static_cast<const float*>(input.raw()) : out;
+    float non_finite_chunks = 0.f;
     const std::int64_t n = input.numel();
     const std::int64_t chunks = (n + kChunkElements - 1) / kChunkElements;
     Kokkos::parallel_reduce(
         label, HostRange(0, chunks),
-        [=](const std::int64_t chunk, float& sum) {
+        [=](const std::int64_t chunk, float& count) {
           const std::int64_t begin = chunk * kChunkElements;
-          sum += scale_range(in, out, begin, std::min(n, begin + kChunkElements), inv_scale);
+          const std::int64_t end = std::min(n, begin + kChunkElements);
+          if (from != DType::f32) widen_to_f32(in16 + begin, from, out + begin, end - begin);
+          count += scale_range(in, out, begin, end, inv_scale);
         },
-        poison);
-    all_finite = all_finite && poison == 0.f;
+        non_finite_chunks);
+    all_finite = all_finite && non_finite_chunks == 0.f;
   }
   return all_finite;
 }

@@ -2,6 +2,7 @@
 #include "app/cli.hpp"
 
 #include <boost/program_options.hpp>
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 
@@ -30,7 +31,30 @@ po::options_description train_options(TrainCommand& out) {
       ("data.test", po::value(&run.data.test_path)->implicit_value(""), "test set, evaluated after every epoch (empty: none)")
       ("data.samples", po::value(&run.data.samples_name)->default_value("samples"), "name of the samples dataset")
       ("data.labels", po::value(&run.data.labels_name)->default_value("labels"), "name of the labels dataset")
-      ("data.chunk-cache-mb", po::value(&run.data.chunk_cache_mb)->default_value(64), "HDF5 chunk cache per dataset, MiB");
+      ("data.chunk-cache-mb", po::value(&run.data.chunk_cache_mb)->default_value(64), "HDF5 chunk cache per dataset, MiB")
+      ("data.shuffle", po::value(&run.data.shuffle)->default_value("global"),
+       "global | window (shuffle inside windows of data.shuffle-window samples, and the windows' order) | none")
+      ("data.shuffle-window", po::value(&run.data.shuffle_window)->default_value(65536), "samples per window for data.shuffle=window")
+      ("data.drop-last", po::value(&run.data.drop_last)->default_value(true),
+       "drop the last incomplete global batch of an epoch (false: pad it by wrapping around)")
+      ("data.num-classes", po::value(&run.data.num_classes)->default_value(0), "classes, for files without a num_classes attribute (0: the file's)")
+      ("data.mean", po::value(&run.data.mean)->default_value(std::nan(""), "file"),
+       "normalisation mean of [0,1]-scaled uint8 pixels, for files without a mean attribute (default 0)")
+      ("data.std", po::value(&run.data.std)->default_value(std::nan(""), "file"),
+       "normalisation std, for files without a std attribute (default 1)")
+      ("data.sample-shape", po::value(&run.data.sample_shape)->default_value(""), "reshape each sample, e.g. 1,28,28 (empty: as stored)")
+      ("data.on-nonfinite", po::value(&run.data.on_nonfinite)->default_value("error"),
+       "error | skip: a float sample with NaN/Inf stops the run, or is left out (zeroed, label ignored) and counted")
+      ("data.prefetch", po::value(&run.data.prefetch)->default_value(2),
+       "batches read ahead by background I/O threads (0: read synchronously in the training step)")
+      ("data.io-threads", po::value(&run.data.io_threads)->default_value(1),
+       "I/O threads, each filling whole batches (at most data.prefetch)")
+      ("data.cache", po::value(&run.data.cache)->default_value("none"),
+       "none | memory: keep every training sample read in memory, so later epochs read no file")
+      ("data.cache-limit-mb", po::value(&run.data.cache_limit_mb)->default_value(0),
+       "memory data.cache may plan per rank, MiB (0: available memory / ranks per node)")
+      ("data.debug-read-delay-ms", po::value(&run.data.debug_read_delay_ms)->default_value(0),
+       "testing aid: sleep this long in every batch read, to emulate slow storage");
   po::options_description model("[model]", kHelpWidth, kHelpWidth / 2);
   model.add_options()
       ("model.name", po::value(&run.model.name)->default_value("mlp"), "built-in model: mlp (784-1024-1024-10)")
@@ -43,7 +67,6 @@ po::options_description train_options(TrainCommand& out) {
       ("train.max-steps", po::value(&run.loop.max_steps)->default_value(0), "stop after this many steps (0: no limit)")
       ("train.batch-size", po::value(&run.loop.batch_size)->default_value(64), "samples per rank per step; global batch = this x ranks")
       ("train.seed", po::value(&run.loop.seed)->default_value(42), "seed of weight initialisation and shuffling")
-      ("train.shuffle", po::value(&run.loop.shuffle)->default_value(true), "shuffle the training set every epoch")
       ("train.log-every", po::value(&run.loop.log_every)->default_value(50), "log and write metrics every N steps")
       ("train.threads", po::value(&out.runtime.threads)->default_value(0),
        "compute threads per rank (0: OMP_NUM_THREADS if set, else cores per node / ranks per node)");
@@ -159,25 +182,46 @@ PrepareCommand parse_prepare_command(const std::vector<std::string>& args) {
   std::string shape_text;
   po::options_description visible("prepare", kHelpWidth, kHelpWidth / 2);
   visible.add_options()
-      ("kind", po::value(&out.kind), "fashion-mnist | synthetic")
+      ("kind", po::value(&out.kind), "fashion-mnist | synthetic | npy | csv")
       ("source", po::value(&out.source)->default_value("/usr/share/datasets/fashion-mnist"),
        "fashion-mnist: directory with the four IDX files (gzip or raw)")
-      ("out", po::value(&out.out), "directory that receives train.h5 and test.h5")
+      ("out", po::value(&out.out), "fashion-mnist, synthetic: directory that receives train.h5 and test.h5; "
+       "npy, csv: the .h5 file to write")
+      ("samples", po::value(&out.samples_path), "npy: samples .npy, (N, ...) of |u1, <f2 or <f4")
+      ("labels", po::value(&out.labels_path), "npy: labels .npy, (N,) of an integer dtype")
+      ("input", po::value(&out.input_path), "csv: the CSV file, one sample per line")
+      ("label-column", po::value(&out.label_column)->default_value(0), "csv: 0-based column of the label (-1: last)")
+      ("header", po::value(&out.header)->default_value("auto"), "csv: auto | yes | no: whether the first line is a header")
+      ("stats-from", po::value(&out.stats_from)->default_value(""),
+       "npy, csv: copy mean/std from this data file (e.g. the training set when converting a test set)")
       ("train-samples", po::value(&out.train_samples)->default_value(8192), "synthetic: training samples")
       ("test-samples", po::value(&out.test_samples)->default_value(2048), "synthetic: test samples")
-      ("shape", po::value(&shape_text)->default_value("1,28,28"), "synthetic: sample shape, comma separated")
-      ("classes", po::value(&out.classes)->default_value(10), "synthetic: number of classes")
+      ("shape", po::value(&shape_text)->default_value(""),
+       "sample shape, comma separated (synthetic: default 1,28,28; npy, csv: a reshape, default as stored)")
+      ("classes", po::value(&out.classes)->default_value(0), "number of classes (0: synthetic 10; npy, csv: largest label + 1)")
+      ("dtype", po::value(&out.dtype)->default_value("uint8"), "synthetic: uint8 | float16 | float32")
       ("seed", po::value(&out.seed)->default_value(1), "synthetic: seed")
       ("noise", po::value(&out.noise)->default_value(0.35, "0.35"), "synthetic: noise level in [0, 1]");
   po::positional_options_description positional;
   positional.add("kind", 1);
   out.help = parse("prepare", args, visible, out.help_text, &positional);
   if (out.help) return out;
-  MPT_REQUIRE(out.kind == "fashion-mnist" || out.kind == "synthetic",
+  MPT_REQUIRE(out.kind == "fashion-mnist" || out.kind == "synthetic" || out.kind == "npy" || out.kind == "csv",
               out.kind.empty() ? std::string("no dataset named for `mptrain prepare`")
                                : "unknown dataset '" + out.kind + "' for `mptrain prepare`",
-              "use `mptrain prepare fashion-mnist --out DIR` or `mptrain prepare synthetic --out DIR`");
-  MPT_REQUIRE(!out.out.empty(), "no output directory given (--out)", "e.g. --out data/fashion-mnist");
+              "use `mptrain prepare fashion-mnist|synthetic --out DIR`, `prepare npy --samples X.npy --labels "
+              "Y.npy --out F.h5` or `prepare csv --input F.csv --out F.h5`");
+  const bool to_file = out.kind == "npy" || out.kind == "csv";
+  MPT_REQUIRE(!out.out.empty(), to_file ? "no output file given (--out)" : "no output directory given (--out)",
+              to_file ? "e.g. --out data/mine/train.h5" : "e.g. --out data/fashion-mnist");
+  MPT_REQUIRE(out.kind != "npy" || (!out.samples_path.empty() && !out.labels_path.empty()),
+              "`mptrain prepare npy` needs --samples X.npy and --labels Y.npy", "e.g. --samples x_train.npy --labels y_train.npy");
+  MPT_REQUIRE(out.kind != "csv" || !out.input_path.empty(), "`mptrain prepare csv` needs --input FILE.csv",
+              "e.g. --input train.csv --label-column 0");
+  MPT_REQUIRE(out.dtype == "uint8" || out.dtype == "float16" || out.dtype == "float32",
+              "--dtype '" + out.dtype + "' is not uint8, float16 or float32", "e.g. --dtype float32");
+  if (out.kind == "synthetic" && shape_text.empty()) shape_text = "1,28,28";
+  if (out.kind == "synthetic" && out.classes == 0) out.classes = 10;
   std::stringstream stream(shape_text);
   for (std::string item; std::getline(stream, item, ',');) {
     std::int64_t extent = 0;
@@ -191,8 +235,8 @@ PrepareCommand parse_prepare_command(const std::vector<std::string>& args) {
     MPT_REQUIRE(extent > 0, "--shape '" + shape_text + "' is not a list of positive integers", "e.g. --shape 1,28,28");
     out.shape.push_back(extent);
   }
-  MPT_REQUIRE(!out.shape.empty(), "--shape is empty", "e.g. --shape 1,28,28");
-  MPT_REQUIRE(out.classes >= 2, "--classes must be at least 2", "e.g. --classes 10");
+  MPT_REQUIRE(!out.shape.empty() || out.kind != "synthetic", "--shape is empty", "e.g. --shape 1,28,28");
+  MPT_REQUIRE(out.classes >= 2 || (out.kind != "synthetic" && out.classes == 0), "--classes must be at least 2", "e.g. --classes 10");
   MPT_REQUIRE(out.train_samples > 0 && out.test_samples > 0, "--train-samples and --test-samples must be positive",
               "e.g. --train-samples 8192 --test-samples 2048");
   MPT_REQUIRE(out.noise >= 0 && out.noise <= 1, "--noise must be in [0, 1]", "e.g. --noise 0.35");

@@ -30,13 +30,20 @@ TrainCommand parse_train_command(const std::string& command, const std::vector<s
 struct PrepareCommand {
   bool help = false;
   std::string help_text;
-  std::string kind;  // fashion-mnist | synthetic
+  std::string kind;  // fashion-mnist | synthetic | npy | csv
   std::string source;
   std::string out;
+  std::string samples_path;  // npy
+  std::string labels_path;   // npy
+  std::string input_path;    // csv
+  std::int64_t label_column = 0;
+  std::string header = "auto";
+  std::string stats_from;
+  std::string dtype = "uint8";  // synthetic
   std::int64_t train_samples = 0;
   std::int64_t test_samples = 0;
   std::vector<std::int64_t> shape;
-  int classes = 0;
+  int classes = 0;  // 0: synthetic 10; npy/csv the largest label + 1
   std::uint64_t seed = 0;
   double noise = 0;
 };

@@ -27,7 +27,7 @@ const char* kUsage =
     "commands:\n"
     "  train     train a model (launch with mpirun/srun for data parallelism)\n"
     "  eval      accuracy and loss of a checkpoint on a dataset\n"
-    "  prepare   convert a dataset to mptrain's HDF5 layout (fashion-mnist | synthetic)\n"
+    "  prepare   convert a dataset to mptrain's HDF5 layout (fashion-mnist | synthetic | npy | csv)\n"
     "  inspect   print what an HDF5 data or checkpoint file holds\n"
     "\n"
     "`mptrain COMMAND --help` lists the options of a command. Options can also come from an\n"
@@ -100,6 +100,20 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
     // Preparation is serial: rank 0 writes, the others wait for the agreed outcome.
     world.run_agreed([&] {
       if (world.rank() != 0) return;
+      if (parsed.kind == "npy" || parsed.kind == "csv") {
+        data::ArrayConvertOptions options;
+        options.num_classes = parsed.classes;
+        options.sample_shape = parsed.shape;
+        options.stats_from = parsed.stats_from;
+        options.label_column = parsed.label_column;
+        options.header = parsed.header;
+        if (parsed.kind == "npy")
+          data::convert_npy(parsed.samples_path, parsed.labels_path, parsed.out, options);
+        else
+          data::convert_csv(parsed.input_path, parsed.out, options);
+        std::printf("prepare: wrote %s\n", parsed.out.c_str());
+        return;
+      }
       if (parsed.kind == "fashion-mnist") {
         data::prepare_fashion_mnist(parsed.source, parsed.out);
       } else {
@@ -110,6 +124,7 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
         spec.num_classes = parsed.classes;
         spec.seed = parsed.seed;
         spec.noise = static_cast<float>(parsed.noise);
+        spec.dtype = dtype_from_name(parsed.dtype, "--dtype");
         data::prepare_synthetic(spec, parsed.out);
       }
       std::printf("prepare: wrote %s/train.h5 and %s/test.h5\n", parsed.out.c_str(), parsed.out.c_str());

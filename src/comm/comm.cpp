@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdio>
 
+#include "comm/half_sum.hpp"
 #include "core/error.hpp"
 
 namespace mpt::comm {
@@ -16,6 +17,8 @@ MPI_Datatype mpi_type_of(DType dtype) {
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
     case DType::u8: return MPI_UINT8_T;
+    case DType::f16:
+    case DType::bf16: return MPI_UINT16_T;  // bits only: copies, never arithmetic
     default: abort_job(std::string("comm: no MPI datatype for ") + dtype_name(dtype));
   }
 }
@@ -36,12 +39,23 @@ World::World(MPI_Comm comm) {
   MPT_CHECK_MPI(MPI_Comm_rank(node, &local_rank_));
   MPT_CHECK_MPI(MPI_Comm_size(node, &local_size_));
   MPT_CHECK_MPI(MPI_Comm_free(&node));
+  for (MPI_Datatype* type : {&f16_type_, &bf16_type_}) {
+    MPT_CHECK_MPI(MPI_Type_contiguous(2, MPI_BYTE, type));
+    MPT_CHECK_MPI(MPI_Type_commit(type));
+  }
+  MPT_CHECK_MPI(MPI_Op_create(&detail::sum_f16, /*commute=*/1, &f16_sum_));
+  MPT_CHECK_MPI(MPI_Op_create(&detail::sum_bf16, /*commute=*/1, &bf16_sum_));
 }
 
 World::~World() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (finalized) return;
+  for (MPI_Op* op : {&f16_sum_, &bf16_sum_})
+    if (*op != MPI_OP_NULL) MPI_Op_free(op);
+  for (MPI_Datatype* type : {&f16_type_, &bf16_type_})
+    if (*type != MPI_DATATYPE_NULL) MPI_Type_free(type);
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
 void World::run_agreed(const std::function<void()>& step) const {
@@ -74,6 +88,13 @@ void World::run_agreed(const std::function<void()>& step) const {
 }
 
 void World::allreduce_sum(Tensor& data) const {
+  if (data.dtype() == DType::f16 || data.dtype() == DType::bf16) {
+    const bool half = data.dtype() == DType::f16;
+    MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data.raw(), checked_count(data, "allreduce_sum"),
+                                half ? f16_type_ : bf16_type_, half ? f16_sum_ : bf16_sum_,
+                                comm_));
+    return;
+  }
   MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data.raw(), checked_count(data, "allreduce_sum"),
                               mpi_type_of(data.dtype()), MPI_SUM, comm_));
 }
@@ -91,6 +112,10 @@ double World::max(double value) const {
   double result = value;
   MPT_CHECK_MPI(MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, MPI_MAX, comm_));
   return result;
+}
+
+void World::allreduce_max(double* values, int count) const {
+  MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, MPI_MAX, comm_));
 }
 
 void World::barrier() const { MPT_CHECK_MPI(MPI_Barrier(comm_)); }

@@ -48,12 +48,16 @@ class World {
   // cleanly on every rank within one collective.
   void run_agreed(const std::function<void()>& step) const;
 
-  // Sums DATA (f32 or f64) in place over all ranks.
+  // Sums DATA in place over all ranks. f32 and f64 use MPI_SUM; f16 and bf16 travel as 2-byte
+  // elements and are added in f32 and rounded to nearest even at every step of the reduction,
+  // so the result carries fp16 (bf16) rounding but is bit-identical on every rank.
   void allreduce_sum(Tensor& data) const;
   void allreduce_sum(double* values, int count) const;
   // Copies ROOT's DATA to every rank.
   void broadcast(Tensor& data, int root) const;
   double max(double value) const;
+  // Element-wise maximum of VALUES over all ranks, in place (several maxima in one collective).
+  void allreduce_max(double* values, int count) const;
   void barrier() const;
 
  private:
@@ -62,6 +66,9 @@ class World {
   int size_ = 1;
   int local_rank_ = 0;
   int local_size_ = 1;
+  // 2-byte element types and their f32-accumulating sum ops, created once per World.
+  MPI_Datatype f16_type_ = MPI_DATATYPE_NULL, bf16_type_ = MPI_DATATYPE_NULL;
+  MPI_Op f16_sum_ = MPI_OP_NULL, bf16_sum_ = MPI_OP_NULL;
 };
 
 // Averages gradients across the world. flat-mpi: one MPI_Allreduce over the whole flat

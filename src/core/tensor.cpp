@@ -95,6 +95,22 @@ Tensor Tensor::view(const Tensor& base, std::int64_t offset, Shape shape) {
   return result;
 }
 
+void Tensor::view_into(Tensor& out, const Tensor& base, std::int64_t offset,
+                       std::initializer_list<std::int64_t> shape) {
+  std::int64_t numel = 1;
+  for (auto extent : shape) numel *= extent;
+  const auto end_bytes =
+      static_cast<std::size_t>(base.offset_ + offset + numel) * dtype_size(base.dtype_);
+  if (offset < 0 || numel < 0 || !base.storage_ || end_bytes > base.storage_->size)
+    abort_job("Tensor::view_into: view " + shape_to_string(Shape(shape)) + " at offset " +
+              std::to_string(offset) + " exceeds " + base.describe());
+  out.storage_ = base.storage_;  // a reference-count update, no allocation
+  out.offset_ = base.offset_ + offset;
+  out.shape_.assign(shape);  // reuses the vector's capacity
+  out.dtype_ = base.dtype_;
+  out.device_ = base.device_;
+}
+
 Tensor Tensor::reshaped(Shape shape) const {
   if (shape_numel(shape) != numel())
     abort_job("Tensor::reshaped: " + shape_to_string(shape) + " does not match " + describe());

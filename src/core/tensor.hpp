@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +41,10 @@ class Tensor {
 
   // A view of NUMEL(shape) elements of BASE starting at element OFFSET; shares BASE's buffer.
   static Tensor view(const Tensor& base, std::int64_t offset, Shape shape);
+  // As view(), but re-points OUT in place and reuses its shape's storage, so a loop over row
+  // blocks in the training step allocates nothing once OUT has held a shape of this rank.
+  static void view_into(Tensor& out, const Tensor& base, std::int64_t offset,
+                        std::initializer_list<std::int64_t> shape);
   // The same elements under another shape with the same number of elements.
   Tensor reshaped(Shape shape) const;
 

@@ -1,5 +1,6 @@
 // inspect_file (`mptrain inspect FILE`): what an HDF5 file holds, in words, for data files,
 // checkpoints and foreign files alike; plus the HDF5 traversal helpers the module shares.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -113,6 +114,87 @@ std::vector<std::string> split_commas(const std::string& text) {
   return parts;
 }
 
+// N, shape, dtype, classes and chunking of /samples and /labels, a label check and histogram,
+// and the reader's verdict. Every problem is reported in the text; nothing here throws.
+void describe_data(std::ostringstream& out, hid_t root, const std::string& path) {
+  const bool has_labels = hdf5_has_link(root, "labels");
+  Hdf5Handle samples(H5Dopen2(root, "samples", H5P_DEFAULT));
+  if (!samples.valid()) {
+    out << "data: '/samples' is not a readable dataset: " << hdf5_last_error() << '\n';
+    return;
+  }
+  const Shape shape = hdf5_dataset_shape(samples.get());
+  Hdf5Handle type(H5Dget_type(samples.get()));
+  const std::int64_t n = shape.empty() ? 0 : shape[0];
+  const Shape sample_shape(shape.begin() + (shape.empty() ? 0 : 1), shape.end());
+  out << "data: N = " << n << ", sample shape " << shape_to_string(sample_shape) << ", dtype "
+      << hdf5_type_name(type.get());
+  const auto classes = hdf5_read_int_attribute(root, "num_classes");
+  out << ", classes " << (classes ? std::to_string(*classes) : std::string("(no attribute)"));
+  Hdf5Handle create_properties(H5Dget_create_plist(samples.get()));
+  if (H5Pget_layout(create_properties.get()) == H5D_CHUNKED && !shape.empty()) {
+    std::vector<hsize_t> chunk(shape.size());
+    H5Pget_chunk(create_properties.get(), static_cast<int>(chunk.size()), chunk.data());
+    const bool whole = std::equal(chunk.begin() + 1, chunk.end(), shape.begin() + 1,
+                                  [](hsize_t c, std::int64_t s) { return static_cast<std::int64_t>(c) == s; });
+    std::size_t bytes = H5Tget_size(type.get());
+    for (auto extent : chunk) bytes *= extent;
+    out << ", chunks of " << chunk[0] << (whole ? " whole samples" : " rows (samples split)") << " ("
+        << bytes << " bytes)";
+  } else {
+    out << ", contiguous";
+  }
+  out << '\n';
+
+  if (has_labels && classes && n > 0) {
+    Hdf5Handle labels_dataset(H5Dopen2(root, "labels", H5P_DEFAULT));
+    const Shape labels_shape = labels_dataset.valid() ? hdf5_dataset_shape(labels_dataset.get()) : Shape{};
+    if (labels_shape.size() == 1) {
+      std::vector<std::int32_t> labels(static_cast<std::size_t>(labels_shape[0]));
+      if (hdf5_read_dataset(labels_dataset.get(), H5T_NATIVE_INT32, labels.data()) < 0) {
+        out << "labels: cannot be read: " << hdf5_last_error() << '\n';
+      } else {
+        std::vector<std::int64_t> histogram(static_cast<std::size_t>(std::max<std::int64_t>(*classes, 0)), 0);
+        std::int64_t out_of_range = 0, first_bad = -1;
+        for (std::size_t i = 0; i < labels.size(); ++i) {
+          if (labels[i] < 0 || labels[i] >= *classes) {
+            if (out_of_range++ == 0) first_bad = static_cast<std::int64_t>(i);
+            continue;
+          }
+          ++histogram[static_cast<std::size_t>(labels[i])];
+        }
+        if (out_of_range == 0)
+          out << "labels: all " << labels.size() << " in [0, " << *classes << ")\n";
+        else
+          out << "labels: " << out_of_range << " of " << labels.size() << " outside [0, " << *classes
+              << "), the first at index " << first_bad << " (label "
+              << labels[static_cast<std::size_t>(first_bad)] << ")\n";
+        const auto class_names =
+            split_commas(hdf5_read_string_attribute(root, "class_names").value_or(""));
+        out << "label histogram:\n";
+        for (std::size_t c = 0; c < histogram.size(); ++c) {
+          out << "  " << c;
+          if (c < class_names.size()) out << " (" << class_names[c] << ")";
+          out << ": " << histogram[c] << '\n';
+        }
+      }
+    }
+  }
+
+  try {
+    ReaderOptions options;
+    options.option_prefix = "inspect";
+    DatasetReader reader(path, options);
+    const DatasetInfo& info = reader.info();
+    out << "reader: usable as training data: " << info.num_samples << " samples of shape "
+        << shape_to_string(info.sample_shape) << ' ' << dtype_name(info.sample_dtype) << ", "
+        << info.num_classes << " classes, normalisation mean " << format_number(info.mean)
+        << " std " << format_number(info.std) << '\n';
+  } catch (const UserError& error) {
+    out << "not usable as training data: " << error.what() << '\n';
+  }
+}
+
 }  // namespace
 
 std::string inspect_file(const std::string& path) {
@@ -168,33 +250,10 @@ std::string inspect_file(const std::string& path) {
     describe_attributes(out, dataset.get(), "    ");
   }
 
-  // For anything that looks like a data file: whether the reader accepts it, and the classes.
+  // For anything that looks like a data file: its summary, a check of every label (reported,
+  // not fatal, so a broken file still prints), and whether the reader accepts it.
   if (format == detail::kDataFormat || hdf5_has_link(root, "samples")) {
-    try {
-      ReaderOptions options;
-      options.option_prefix = "inspect";
-      DatasetReader reader(path, options);
-      const DatasetInfo& info = reader.info();
-      out << "data: " << info.num_samples << " samples of shape "
-          << shape_to_string(info.sample_shape) << ' ' << dtype_name(info.sample_dtype) << ", "
-          << info.num_classes << " classes, normalisation mean " << format_number(info.mean)
-          << " std " << format_number(info.std) << '\n';
-      std::vector<std::int32_t> labels(static_cast<std::size_t>(info.num_samples));
-      Hdf5Handle dataset(H5Dopen2(root, info.labels_name.c_str(), H5P_DEFAULT));
-      MPT_CHECK_HDF5(hdf5_read_dataset(dataset.get(), H5T_NATIVE_INT32, labels.data()));
-      std::vector<std::int64_t> histogram(static_cast<std::size_t>(info.num_classes), 0);
-      for (auto label : labels) ++histogram[static_cast<std::size_t>(label)];
-      const auto class_names =
-          split_commas(hdf5_read_string_attribute(root, "class_names").value_or(""));
-      out << "label histogram:\n";
-      for (std::size_t c = 0; c < histogram.size(); ++c) {
-        out << "  " << c;
-        if (c < class_names.size()) out << " (" << class_names[c] << ")";
-        out << ": " << histogram[c] << '\n';
-      }
-    } catch (const UserError& error) {
-      out << "not usable as training data: " << error.what() << '\n';
-    }
+    describe_data(out, root, path);
   }
   return out.str();
 }

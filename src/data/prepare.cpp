@@ -14,14 +14,38 @@ namespace detail {
 
 namespace fs = std::filesystem;
 
-DataFileWriter::DataFileWriter(std::string path, std::int64_t num_samples, Shape sample_shape)
+Hdf5Handle float16_type() {
+  auto lock = hdf5_lock();
+  Hdf5Handle type(H5Tcopy(H5T_IEEE_F32LE));
+  MPT_CHECK_HDF5(type.get());
+  MPT_CHECK_HDF5(H5Tset_fields(type.get(), 15, 10, 5, 0, 10));
+  MPT_CHECK_HDF5(H5Tset_size(type.get(), 2));
+  MPT_CHECK_HDF5(H5Tset_ebias(type.get(), 15));
+  return type;
+}
+
+hid_t memory_type_of(DType dtype, hid_t float16) {
+  switch (dtype) {
+    case DType::u8: return H5T_NATIVE_UINT8;
+    case DType::f32: return H5T_NATIVE_FLOAT;
+    case DType::f16: return float16;
+    default: abort_job(std::string("memory_type_of: no data-file dtype ") + dtype_name(dtype));
+  }
+}
+
+DataFileWriter::DataFileWriter(std::string path, std::int64_t num_samples, Shape sample_shape,
+                               DType sample_dtype)
     : path_(std::move(path)),
       temporary_path_(path_ + ".tmp"),
       num_samples_(num_samples),
       sample_shape_(std::move(sample_shape)),
-      sample_elements_(shape_numel(sample_shape_)) {
+      sample_dtype_(sample_dtype),
+      sample_elements_(shape_numel(sample_shape_)),
+      float16_(float16_type()) {
   if (num_samples_ <= 0 || sample_shape_.empty() || sample_elements_ <= 0)
     abort_job("DataFileWriter: empty data set or sample shape for '" + path_ + "'");
+  if (sample_dtype_ != DType::u8 && sample_dtype_ != DType::f32 && sample_dtype_ != DType::f16)
+    abort_job("DataFileWriter: unsupported sample dtype for '" + path_ + "'");
   auto lock = hdf5_lock();
   hdf5_quiet();
   const hid_t file = H5Fcreate(temporary_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
@@ -30,7 +54,7 @@ DataFileWriter::DataFileWriter(std::string path, std::int64_t num_samples, Shape
   file_.reset(file);
 
   // Chunks hold whole samples, as many as fit in ~16 KiB, so a random sample costs one chunk.
-  const auto sample_bytes = static_cast<std::size_t>(sample_elements_);
+  const auto sample_bytes = static_cast<std::size_t>(sample_elements_) * dtype_size(sample_dtype_);
   const std::int64_t per_chunk = std::clamp<std::int64_t>(
       static_cast<std::int64_t>(kChunkTargetBytes / sample_bytes), 1, num_samples_);
   std::vector<hsize_t> dims{static_cast<hsize_t>(num_samples_)};
@@ -45,7 +69,10 @@ DataFileWriter::DataFileWriter(std::string path, std::int64_t num_samples, Shape
   MPT_CHECK_HDF5(samples_properties.get());
   MPT_CHECK_HDF5(
       H5Pset_chunk(samples_properties.get(), static_cast<int>(chunk.size()), chunk.data()));
-  samples_.reset(H5Dcreate2(file_.get(), "samples", H5T_STD_U8LE, samples_space.get(), H5P_DEFAULT,
+  const hid_t file_type = sample_dtype_ == DType::u8    ? H5T_STD_U8LE
+                          : sample_dtype_ == DType::f32 ? H5T_IEEE_F32LE
+                                                        : float16_.get();
+  samples_.reset(H5Dcreate2(file_.get(), "samples", file_type, samples_space.get(), H5P_DEFAULT,
                             samples_properties.get(), H5P_DEFAULT));
   MPT_CHECK_HDF5(samples_.get());
 
@@ -70,7 +97,7 @@ DataFileWriter::~DataFileWriter() {
   fs::remove(temporary_path_, ignored);
 }
 
-void DataFileWriter::append(const std::uint8_t* samples, const std::int32_t* labels,
+void DataFileWriter::append(const void* samples, DType memory_dtype, const std::int32_t* labels,
                             std::int64_t count) {
   if (count <= 0) return;
   if (written_ + count > num_samples_)
@@ -88,8 +115,8 @@ void DataFileWriter::append(const std::uint8_t* samples, const std::int32_t* lab
                                      block.data(), nullptr));
   Hdf5Handle memory_space(H5Screate_simple(rank, block.data(), nullptr));
   MPT_CHECK_HDF5(memory_space.get());
-  MPT_CHECK_HDF5(H5Dwrite(samples_.get(), H5T_NATIVE_UINT8, memory_space.get(), file_space.get(),
-                          H5P_DEFAULT, samples));
+  MPT_CHECK_HDF5(H5Dwrite(samples_.get(), memory_type_of(memory_dtype, float16_.get()),
+                          memory_space.get(), file_space.get(), H5P_DEFAULT, samples));
 
   Hdf5Handle label_file_space(H5Dget_space(labels_.get()));
   MPT_CHECK_HDF5(label_file_space.get());
@@ -119,8 +146,11 @@ void DataFileWriter::finish(const DataFileAttributes& attributes) {
   if (!attributes.class_names.empty())
     hdf5_write_attribute(root, "class_names", attributes.class_names);
   hdf5_write_attribute(samples_.get(), "description",
-                       "uint8 pixels, one sample per row; normalise as (x/255 - mean)/std with the "
-                       "root attributes mean and std");
+                       sample_dtype_ == DType::u8
+                           ? "uint8 pixels, one sample per row; normalise as (x/255 - mean)/std "
+                             "with the root attributes mean and std"
+                           : "float samples, one per row, used as they are (mean and std are not "
+                             "applied)");
   hdf5_write_attribute(labels_.get(), "description",
                        "int32 class index of each sample, in [0, num_classes)");
 
@@ -158,6 +188,60 @@ float PixelStatistics::std() const {
   const double deviation = std::sqrt(std::max(variance, 0.0)) / 255.0;
   // A constant image set would divide by zero when normalising; 1 leaves it merely centred.
   return deviation > 0 ? static_cast<float>(deviation) : 1.0f;
+}
+
+Shape converted_sample_shape(const Shape& stored, const Shape& requested,
+                             const std::string& what) {
+  if (requested.empty()) return stored;
+  MPT_REQUIRE(shape_numel(requested) == shape_numel(stored),
+              "--shape " + shape_to_string(requested) + " has " +
+                  std::to_string(shape_numel(requested)) + " elements but the samples of " + what +
+                  " have " + std::to_string(shape_numel(stored)) + " (shape " +
+                  shape_to_string(stored) + ")",
+              "--shape may only regroup a sample's elements, e.g. 784 as 1,28,28");
+  return requested;
+}
+
+DataFileAttributes converted_attributes(const ArrayConvertOptions& options, std::int64_t max_label,
+                                        DType dtype, const PixelStatistics& statistics,
+                                        const std::string& source) {
+  DataFileAttributes attributes;
+  attributes.source = source;
+  const std::int64_t classes = options.num_classes > 0 ? options.num_classes : max_label + 1;
+  MPT_REQUIRE(max_label < classes,
+              source + ": label " + std::to_string(max_label) + " is outside [0, " +
+                  std::to_string(classes) + ") given by --classes",
+              "raise --classes or leave it out (then it is the largest label + 1)");
+  MPT_REQUIRE(classes >= 1 && classes <= (1 << 24),
+              source + ": " + std::to_string(classes) + " classes", "labels must be class indices");
+  attributes.num_classes = static_cast<int>(classes);
+  if (dtype != DType::u8) return attributes;  // float samples are used as they are
+  if (options.stats_from.empty()) {
+    attributes.mean = statistics.mean();
+    attributes.std = statistics.std();
+    return attributes;
+  }
+  auto lock = hdf5_lock();
+  hdf5_quiet();
+  MPT_REQUIRE(fs::is_regular_file(options.stats_from) && H5Fis_hdf5(options.stats_from.c_str()) > 0,
+              "--stats-from '" + options.stats_from + "' is not an HDF5 data file",
+              "name the training set's .h5 file, whose mean and std the new file should reuse");
+  Hdf5Handle file(H5Fopen(options.stats_from.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  MPT_REQUIRE(file.valid(), "cannot open --stats-from '" + options.stats_from + "': " +
+                                hdf5_last_error(),
+              "name a readable data file");
+  const auto mean = hdf5_read_float_attribute(file.get(), "mean");
+  const auto std = hdf5_read_float_attribute(file.get(), "std");
+  MPT_REQUIRE(mean && std, "--stats-from '" + options.stats_from + "' has no mean/std attributes",
+              "name a uint8 data file written by `mptrain prepare`");
+  attributes.mean = static_cast<float>(*mean);
+  attributes.std = static_cast<float>(*std);
+  return attributes;
+}
+
+void create_parent_directory(const std::string& out_path) {
+  const fs::path parent = fs::path(out_path).parent_path();
+  if (!parent.empty()) create_directory(parent.string(), "--out");
 }
 
 void create_directory(const std::string& dir, const std::string& option) {

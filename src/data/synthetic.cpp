@@ -64,19 +64,28 @@ void write_split(const Generator& generator, std::uint64_t split, std::int64_t n
   const auto sample_bytes = static_cast<std::size_t>(generator.sample_elements);
   const std::int64_t slab =
       std::max<std::int64_t>(1, static_cast<std::int64_t>((4u << 20) / sample_bytes));
-  detail::DataFileWriter writer(path, num_samples, generator.spec.sample_shape);
+  const DType dtype = generator.spec.dtype;
+  detail::DataFileWriter writer(path, num_samples, generator.spec.sample_shape, dtype);
   std::vector<std::uint8_t> pixels(static_cast<std::size_t>(std::min(slab, num_samples)) *
                                    sample_bytes);
+  std::vector<float> values(dtype == DType::u8 ? 0 : pixels.size());
   std::vector<std::int32_t> labels(static_cast<std::size_t>(std::min(slab, num_samples)));
   for (std::int64_t begin = 0; begin < num_samples; begin += slab) {
     const std::int64_t count = std::min(slab, num_samples - begin);
     for (std::int64_t i = 0; i < count; ++i)
       labels[static_cast<std::size_t>(i)] = generator.generate(
           split, begin + i, pixels.data() + static_cast<std::size_t>(i) * sample_bytes);
-    if (statistics) statistics->add(pixels.data(), static_cast<std::size_t>(count) * sample_bytes);
-    writer.append(pixels.data(), labels.data(), count);
+    if (dtype == DType::u8) {
+      if (statistics)
+        statistics->add(pixels.data(), static_cast<std::size_t>(count) * sample_bytes);
+      writer.append(pixels.data(), labels.data(), count);
+    } else {  // HDF5 rounds float32 to float16 when the file holds float16
+      for (std::size_t i = 0; i < static_cast<std::size_t>(count) * sample_bytes; ++i)
+        values[i] = static_cast<float>(pixels[i]) / 255.0f;
+      writer.append(values.data(), DType::f32, labels.data(), count);
+    }
   }
-  if (statistics) {
+  if (statistics && dtype == DType::u8) {
     attributes.mean = statistics->mean();
     attributes.std = statistics->std();
   }
@@ -103,6 +112,9 @@ void prepare_synthetic(const SyntheticSpec& spec, const std::string& out_dir) {
   MPT_REQUIRE(spec.noise >= 0.0f && spec.noise <= 1.0f,
               "synthetic data: noise " + std::to_string(spec.noise) + " is outside [0, 1]",
               "0 gives the bare prototypes, 1 pure noise; 0.35 is the default");
+  MPT_REQUIRE(spec.dtype == DType::u8 || spec.dtype == DType::f32 || spec.dtype == DType::f16,
+              std::string("synthetic data: dtype ") + dtype_name(spec.dtype) + " is not stored",
+              "use --dtype uint8, float16 or float32");
   detail::create_directory(out_dir, "--out");
 
   const Generator generator(spec);

@@ -1,11 +1,16 @@
-// Dense layer: forward and backward through the matmul and bias kernels.
+// Dense layer: forward and backward through the matmul and bias kernels. Under 16-bit storage
+// the batch is processed in blocks of rows: each block is widened into the model's f32
+// workspace, multiplied in f32 and rounded back, so the f32 scratch never holds a whole batch.
 #include "nn/dense.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.hpp"
 #include "kernels/bias.hpp"
+#include "kernels/cast.hpp"
 #include "kernels/matmul.hpp"
+#include "nn/workspace.hpp"
 
 namespace mpt::nn {
 
@@ -43,6 +48,7 @@ std::vector<ParamSpec> Dense::param_specs() const {
 }
 
 void Dense::forward(const Tensor& x, Tensor& y, bool) {
+  if (x.dtype() != DType::f32 || y.dtype() != DType::f32) return forward_in_blocks(x, y);
   // y[b, out] = x[b, in] · W[out, in]ᵀ, then + bias. A sum post-op could fold the bias into the
   // matmul, but the separate pass over a [b, out] tile is cheap next to the matmul.
   kernels::matmul(x, false, param_value(kWeight), true, y);
@@ -50,10 +56,80 @@ void Dense::forward(const Tensor& x, Tensor& y, bool) {
 }
 
 void Dense::backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) {
+  if (x.dtype() != DType::f32 || dy.dtype() != DType::f32 ||
+      param_grad(kWeight).dtype() != DType::f32 || (dx && dx->dtype() != DType::f32))
+    return backward_in_blocks(x, dy, dx);
   // dW[out, in] = dyᵀ[out, b] · x[b, in]; db = column sums of dy; dx[b, in] = dy · W.
   kernels::matmul(dy, true, x, false, param_grad(kWeight));
   kernels::bias_add_backward(dy, param_grad(kBias));
   if (dx) kernels::matmul(dy, false, param_value(kWeight), false, *dx);
+}
+
+ComputeWorkspace& Dense::workspace(const char* caller) const {
+  if (!workspace_)
+    abort_job("nn::Dense::" + std::string(caller) + " " + name() +
+              ": 16-bit tensors need the model's workspace (plan() a mixed-precision model)");
+  return *workspace_;
+}
+
+const Tensor& Dense::rows_as_f32(const Tensor& src, std::int64_t row, std::int64_t rows,
+                                 std::int64_t columns, const Tensor& scratch, Tensor& rows_view,
+                                 Tensor& widened_view) {
+  Tensor::view_into(rows_view, src, row * columns, {rows, columns});
+  if (src.dtype() == DType::f32) return rows_view;
+  Tensor::view_into(widened_view, scratch, 0, {rows, columns});
+  kernels::cast(rows_view, widened_view);
+  return widened_view;
+}
+
+void Dense::forward_in_blocks(const Tensor& x, Tensor& y) {
+  const ComputeWorkspace& ws = workspace("forward");
+  const std::int64_t batch = x.dim(0);
+  for (std::int64_t row = 0; row < batch; row += ws.block_rows) {
+    const std::int64_t rows = std::min(ws.block_rows, batch - row);
+    const Tensor& x_f32 =
+        rows_as_f32(x, row, rows, in_features_, ws.input_rows, x_rows_, x_widened_);
+    // An f32 output (the logits) is written in place; a 16-bit one goes through the scratch.
+    Tensor::view_into(y_rows_, y, row * out_features_, {rows, out_features_});
+    Tensor* y_f32 = &y_rows_;
+    if (y.dtype() != DType::f32) {
+      Tensor::view_into(y_widened_, ws.output_rows, 0, {rows, out_features_});
+      y_f32 = &y_widened_;
+    }
+    kernels::matmul(x_f32, false, param_value(kWeight), true, *y_f32);
+    kernels::bias_add_forward(*y_f32, param_value(kBias));
+    if (y_f32 != &y_rows_) kernels::cast(*y_f32, y_rows_);
+  }
+}
+
+void Dense::backward_in_blocks(const Tensor& x, const Tensor& dy, Tensor* dx) {
+  const ComputeWorkspace& ws = workspace("backward");
+  const std::int64_t batch = x.dim(0);
+  // dW and db are summed over the blocks in f32 and rounded to the gradient dtype once.
+  Tensor::view_into(weight_grad_, ws.weight_grad, 0, {out_features_, in_features_});
+  Tensor::view_into(bias_grad_, ws.bias_grad, 0, {out_features_});
+  for (std::int64_t row = 0; row < batch; row += ws.block_rows) {
+    const std::int64_t rows = std::min(ws.block_rows, batch - row);
+    const bool first = row == 0;
+    const Tensor& x_f32 =
+        rows_as_f32(x, row, rows, in_features_, ws.input_rows, x_rows_, x_widened_);
+    const Tensor& dy_f32 =
+        rows_as_f32(dy, row, rows, out_features_, ws.output_rows, y_rows_, y_widened_);
+    kernels::matmul(dy_f32, true, x_f32, false, weight_grad_, first ? 0.f : 1.f);
+    kernels::bias_add_backward(dy_f32, bias_grad_, /*accumulate=*/!first);
+    if (!dx) continue;
+    // x's rows are used up, so dx's f32 rows can take their place in the input scratch.
+    Tensor::view_into(dx_rows_, *dx, row * in_features_, {rows, in_features_});
+    Tensor* dx_f32 = &dx_rows_;
+    if (dx->dtype() != DType::f32) {
+      Tensor::view_into(x_widened_, ws.input_rows, 0, {rows, in_features_});
+      dx_f32 = &x_widened_;
+    }
+    kernels::matmul(dy_f32, false, param_value(kWeight), false, *dx_f32);
+    if (dx_f32 != &dx_rows_) kernels::cast(*dx_f32, dx_rows_);
+  }
+  kernels::cast(weight_grad_, param_grad(kWeight));
+  kernels::cast(bias_grad_, param_grad(kBias));
 }
 
 }  // namespace mpt::nn

@@ -1,4 +1,5 @@
-// Fully connected layer, Y = X·Wᵀ + b with W stored (out, in) like PyTorch's nn.Linear.
+// Fully connected layer, Y = X·Wᵀ + b with W stored (out, in) like PyTorch's nn.Linear. X and Y
+// may be f32 or 16-bit; the arithmetic is f32 (oneDNN and BLAS have no fp16 matmul on AVX2).
 #pragma once
 
 #include <cstdint>
@@ -24,8 +25,20 @@ class Dense final : public Layer {
   std::int64_t out_features() const { return out_features_; }
 
  private:
+  // The 16-bit paths: blocks of rows through the f32 workspace.
+  void forward_in_blocks(const Tensor& x, Tensor& y);
+  void backward_in_blocks(const Tensor& x, const Tensor& dy, Tensor* dx);
+  ComputeWorkspace& workspace(const char* caller) const;
+  // ROWS rows of SRC [b, COLUMNS] from ROW on, as f32: a view of SRC when it is f32, else
+  // widened into SCRATCH. ROWS_VIEW and WIDENED_VIEW are re-pointed (no allocation).
+  static const Tensor& rows_as_f32(const Tensor& src, std::int64_t row, std::int64_t rows,
+                                   std::int64_t columns, const Tensor& scratch, Tensor& rows_view,
+                                   Tensor& widened_view);
+
   std::int64_t in_features_;
   std::int64_t out_features_;
+  // Views re-pointed for every block, kept so the step does not allocate their shapes.
+  Tensor x_rows_, x_widened_, y_rows_, y_widened_, dx_rows_, weight_grad_, bias_grad_;
 };
 
 }  // namespace mpt::nn

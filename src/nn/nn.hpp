@@ -1,5 +1,6 @@
 // Neural-network models for the trainer: a sequence of layers built from a spec string, with all
-// parameters (and all gradients) in one flat f32 buffer and activations planned once.
+// parameters (and all gradients) in one flat buffer and activations planned once. Under fp16 or
+// bf16 these are stored in 16 bits, every layer computes in f32, and FP32 masters sit beside.
 #pragma once
 
 #include <array>
@@ -13,7 +14,8 @@
 
 namespace mpt::nn {
 
-// A parameter of the model: value and gradient are views into Model::params() and grads().
+// A parameter of the model: value and gradient are views into flat model buffers (which ones
+// depends on the accessor: Model::named_params() or named_working_params()).
 struct NamedParam {
   std::string name;  // "dense0/weight"
   Tensor value;
@@ -27,8 +29,13 @@ struct ParamSpec {
   float init_bound;  // initialised uniformly in [-init_bound, init_bound)
 };
 
-// One layer of a sequential model. Activations are [batch, features...] f32 tensors owned by
-// the model; a layer holds only views of its parameters.
+// The f32 scratch that layers compute in when activations are stored in 16 bits; private to nn
+// (nn/workspace.hpp), owned by the model.
+struct ComputeWorkspace;
+
+// One layer of a sequential model. Activations are [batch, features...] tensors owned by the
+// model, f32 or (under mixed precision) f16/bf16; a layer holds only views of its parameters,
+// whose values are always f32 (the compute copy) and whose gradients are in the model's precision.
 class Layer {
  public:
   virtual ~Layer() = default;
@@ -47,6 +54,9 @@ class Layer {
   // The bound parameters, named "<layer>/<param>".
   const std::vector<NamedParam>& params() const { return params_; }
 
+  // Gives the layer the model's f32 scratch for 16-bit activations (null under f32).
+  void set_workspace(ComputeWorkspace* workspace) { workspace_ = workspace; }
+
   // Y = layer(X) for a batch. TRAINING is for layers that behave differently (none yet).
   virtual void forward(const Tensor& x, Tensor& y, bool training) = 0;
   // From DY = dLoss/dY (and X, Y of the last forward), overwrites the parameter gradients and,
@@ -58,6 +68,7 @@ class Layer {
   Tensor& param_value(std::size_t index) { return params_[index].value; }
   Tensor& param_grad(std::size_t index) { return params_[index].grad; }
   const Tensor& param_value(std::size_t index) const { return params_[index].value; }
+  ComputeWorkspace* workspace_ = nullptr;
 
  private:
   std::string name_;
@@ -70,31 +81,57 @@ class Model {
   // or a comma list of layers ("dense:1024,relu,dense:10"). The input is flattened first.
   // Throws UserError naming --model.layers when the spec is malformed or its last layer does
   // not output NUM_CLASSES features. Parameters are allocated (zero) but not initialised.
-  static Model build(const std::string& name_or_spec, const Shape& sample_shape, int num_classes);
+  // PRECISION (f32, f16 or bf16; anything else aborts, the CLI validates the option) is the
+  // storage type of the working weights, the activations and the gradients; layers compute in
+  // f32 either way, and the logits are f32.
+  static Model build(const std::string& name_or_spec, const Shape& sample_shape, int num_classes,
+                     DType precision = DType::f32);
 
   Model(Model&&) noexcept;
   Model& operator=(Model&&) noexcept;
   ~Model();
 
   // PyTorch nn.Linear's default: weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)), parameter k
-  // drawn from CounterRng(seed, k), so the result is a pure function of SEED.
+  // drawn from CounterRng(seed, k), so the result is a pure function of SEED. Writes the FP32
+  // masters, then recasts the working copy.
   void init_params(std::uint64_t seed);
+  // Working copy := master_params() rounded to the precision (to nearest even), and the f32
+  // compute copy := the working copy widened. A no-op under f32, where they are one buffer.
+  // Call after every applied optimizer step, broadcast or checkpoint restore of the masters.
+  void recast_from_master();
 
   // Allocates every activation and activation-gradient buffer for batches of up to MAX_BATCH.
   void plan(std::int64_t max_batch);
-  // Logits [b, C] for X [b, sample_shape...] f32 with b <= the planned batch. The result is a
-  // view of a planned buffer, valid until the next forward. No allocation once the batch size
+  // Logits [b, C] f32 for X [b, sample_shape...] f32 with b <= the planned batch. The result is
+  // a view of a planned buffer, valid until the next forward. No allocation once the batch size
   // and the input buffers repeat.
   const Tensor& forward(const Tensor& x, bool training);
-  // From DLOGITS [b, C] (b of the last forward), overwrites grads(). Needs the last forward's
-  // activations, so call it before the next forward.
+  // From DLOGITS [b, C] f32 (b of the last forward), overwrites grads(), in the precision. Needs
+  // the last forward's activations, so call it before the next forward.
   void backward(const Tensor& dlogits);
+  // Re-runs the forward pass on X, testing each layer's output, and returns the name of the
+  // first layer whose activations hold an Inf or NaN: "input" when X itself does, "" when none.
+  // For the error message of a non-finite loss. Replaces the last forward's activations.
+  std::string first_nonfinite_layer(const Tensor& x);
 
-  Tensor& params() { return params_; }  // every parameter, flat f32
-  Tensor& grads() { return grads_; }    // every gradient, same layout
+  DType precision() const { return precision_; }
+  // The working copy: every parameter, flat, in the precision, and every gradient (same layout,
+  // same dtype) as backward() writes it; this is what the all-reduce sums.
+  Tensor& params() { return params_; }
+  Tensor& grads() { return grads_; }
   const Tensor& params() const { return params_; }
   const Tensor& grads() const { return grads_; }
-  std::vector<NamedParam> named_params() const;  // in layout order
+  // FP32 master weights and gradients (same layout). The optimizer updates the masters from the
+  // master gradients, which the trainer fills with unscale_and_check(grads()). Under f32 they
+  // are params() and grads() themselves (same storage).
+  Tensor& master_params() { return master_params_; }
+  Tensor& master_grads() { return master_grads_; }
+  const Tensor& master_params() const { return master_params_; }
+  const Tensor& master_grads() const { return master_grads_; }
+  // In layout order: views of the FP32 masters (what checkpoints save and restore).
+  std::vector<NamedParam> named_params() const;
+  // In layout order: views of the working copy params() and of grads().
+  std::vector<NamedParam> named_working_params() const;
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
 
   std::string spec() const;  // canonical: "dense:1024,relu,dense:1024,relu,dense:10"
@@ -103,6 +140,9 @@ class Model {
   std::int64_t num_params() const { return params_.numel(); }
   double flops_per_sample() const;  // forward
   std::int64_t planned_batch() const { return planned_batch_; }
+  // Bytes of the planned activations, activation gradients and f32 compute scratch (0 before
+  // plan()); parameters, gradients and masters are not included.
+  std::int64_t activation_bytes() const;
   // A table: layer, output shape, parameters, forward FLOPs per sample, and totals.
   std::string summary() const;
 
@@ -115,7 +155,18 @@ class Model {
   int num_classes_ = 0;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Shape> output_shapes_;  // per sample, one per layer
-  Tensor params_, grads_;
+  DType precision_ = DType::f32;
+  // Working copy (precision), the f32 copy the layers compute with, and the FP32 masters. Under
+  // f32 all three value tensors share one buffer, and the two gradient tensors another.
+  Tensor params_, grads_, compute_params_, master_params_, master_grads_;
+  struct ParamSlot {
+    std::string name;  // "dense0/weight"
+    std::int64_t offset;
+    Shape shape;
+  };
+  std::vector<ParamSlot> param_slots_;  // layout of the flat buffers
+  // Heap-held so the layers' pointers to it survive moves of the model; null under f32.
+  std::unique_ptr<ComputeWorkspace> workspace_;
 
   std::int64_t planned_batch_ = 0;
   std::vector<Tensor> outputs_;       // [max_batch, features] per layer

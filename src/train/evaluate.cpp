@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <optional>
+#include <sstream>
 #include <vector>
 
 #include "ckpt/ckpt.hpp"
@@ -13,6 +16,43 @@
 #include "kernels/softmax_xent.hpp"
 
 namespace mpt::train {
+
+data::ReaderOptions reader_options_for(const DataConfig& config, const std::string& option) {
+  data::ReaderOptions options;
+  options.samples_name = config.samples_name;
+  options.labels_name = config.labels_name;
+  options.chunk_cache_bytes = static_cast<std::size_t>(config.chunk_cache_mb) << 20;
+  options.option_prefix = option;
+  options.num_classes = config.num_classes;
+  options.mean = static_cast<float>(config.mean);
+  options.std = static_cast<float>(config.std);
+  options.on_nonfinite = data::parse_nonfinite_action(config.on_nonfinite);
+  MPT_REQUIRE(config.num_classes >= 0, "--data.num-classes must be >= 0",
+              "0 takes the class count from the file's num_classes attribute");
+  MPT_REQUIRE(std::isnan(config.std) || config.std > 0, "--data.std must be positive",
+              "e.g. --data.std=0.353");
+  std::stringstream stream(config.sample_shape);
+  for (std::string item; std::getline(stream, item, ',');) {
+    char* end = nullptr;
+    const long long extent = std::strtoll(item.c_str(), &end, 10);
+    MPT_REQUIRE(!item.empty() && end && *end == '\0' && extent > 0,
+                "--data.sample-shape '" + config.sample_shape +
+                    "' is not a list of positive integers",
+                "e.g. --data.sample-shape=1,28,28");
+    options.sample_shape.push_back(extent);
+  }
+  return options;
+}
+
+data::ShardOptions shard_options_for(const DataConfig& config, const data::DatasetInfo& info) {
+  data::ShardOptions options;
+  options.shuffle = data::parse_shuffle_mode(config.shuffle);
+  options.shuffle_window = config.shuffle_window;
+  options.drop_last = config.drop_last;
+  options.data_description =
+      "the training set '" + info.path + "' (dataset '" + info.samples_name + "')";
+  return options;
+}
 
 Shape concat_shape(std::int64_t n, const Shape& sample_shape) {
   Shape shape{n};
@@ -61,12 +101,7 @@ EvalResult run_evaluation(const std::string& checkpoint, const DataConfig& data_
                 "pass --data.test=PATH, e.g. data/fashion-mnist/test.h5");
     MPT_REQUIRE(batch_size > 0, "--train.batch-size must be positive", "e.g. 256");
     loaded.emplace(ckpt::load_weights(checkpoint));
-    data::ReaderOptions options;
-    options.samples_name = data_config.samples_name;
-    options.labels_name = data_config.labels_name;
-    options.chunk_cache_bytes = static_cast<std::size_t>(data_config.chunk_cache_mb) << 20;
-    options.option_prefix = "--data.test";
-    reader.emplace(data_config.test_path, options);
+    reader.emplace(data_config.test_path, reader_options_for(data_config, "--data.test"));
     const auto& info = reader->info();
     const auto& meta = loaded->meta;
     MPT_REQUIRE(info.sample_shape == meta.sample_shape,

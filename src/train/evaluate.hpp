@@ -9,6 +9,12 @@
 
 namespace mpt::train {
 
+// The [data] options as the data module takes them; OPTION names the file's option in messages
+// (--data.train or --data.test). UserError naming the option for a bad value.
+data::ReaderOptions reader_options_for(const DataConfig& config, const std::string& option);
+// The training set's ShardOptions (--data.shuffle, --data.shuffle-window, --data.drop-last).
+data::ShardOptions shard_options_for(const DataConfig& config, const data::DatasetInfo& info);
+
 // (n, s0, s1, ...) from n and (s0, s1, ...).
 Shape concat_shape(std::int64_t n, const Shape& sample_shape);
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -16,6 +17,22 @@ struct DataConfig {
   std::string samples_name = "samples";
   std::string labels_name = "labels";
   std::int64_t chunk_cache_mb = 64;
+  // How the files are read (data::ReaderOptions): used where a file lacks the attribute.
+  std::int64_t num_classes = 0;  // 0: from the file's num_classes
+  double mean = std::numeric_limits<double>::quiet_NaN();  // NaN: the file's (else 0)
+  double std = std::numeric_limits<double>::quiet_NaN();   // NaN: the file's (else 1)
+  std::string sample_shape;          // e.g. "1,28,28"; empty: as stored (or the file's attribute)
+  std::string on_nonfinite = "error";  // error | skip
+  // Which samples each step reads (data::ShardPlan).
+  std::string shuffle = "global";       // global | window | none
+  std::int64_t shuffle_window = 65536;  // samples per window, for shuffle = window
+  bool drop_last = true;                // false: pad the last batch by wrapping around
+  // The input pipeline (data::Prefetcher, data::SampleCache).
+  int prefetch = 2;                 // batches read ahead; 0: synchronous reads
+  int io_threads = 1;               // threads that each fill whole batches
+  std::string cache = "none";       // none | memory
+  std::int64_t cache_limit_mb = 0;  // 0: the node's available memory / ranks on the node
+  int debug_read_delay_ms = 0;      // testing aid: sleep per batch read
 };
 
 struct ModelConfig {
@@ -30,7 +47,6 @@ struct LoopConfig {
   std::int64_t batch_size = 64;  // per rank
   std::uint64_t seed = 42;
   std::int64_t log_every = 50;
-  bool shuffle = true;
 };
 
 struct OptimizerConfig {
@@ -58,6 +74,8 @@ struct TrainSummary {
   double test_accuracy = -1;  // -1: no test set
   double samples_per_s = 0;
   double wall_s = 0;
+  double data_wait_s = 0;         // time blocked waiting for input batches, slowest rank
+  double data_wait_fraction = 0;  // data_wait_s / training time
 };
 
 // One data-parallel training run. Construction is the agreed setup (data, model, optimizer,

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -38,12 +39,7 @@ void ensure_directory(const std::string& dir, const std::string& option) {
 }
 
 data::ReaderOptions reader_options(const DataConfig& config, const std::string& option) {
-  data::ReaderOptions options;
-  options.samples_name = config.samples_name;
-  options.labels_name = config.labels_name;
-  options.chunk_cache_bytes = static_cast<std::size_t>(config.chunk_cache_mb) << 20;
-  options.option_prefix = option;
-  return options;
+  return reader_options_for(config, option);  // shared with evaluation (evaluate.cpp)
 }
 
 void validate(const RunConfig& config) {
@@ -98,6 +94,52 @@ void write_text_file(const std::string& path, const std::string& text) {
   std::filesystem::rename(tmp, path);
 }
 
+// The training set's input pipeline: readers for the extra I/O threads (a reader owns scratch
+// buffers, so each thread needs its own), the optional sample cache and the prefetcher. Members
+// are destroyed last to first, so the prefetcher's threads are joined before what they use goes.
+struct InputPipeline {
+  std::vector<std::unique_ptr<data::DatasetReader>> extra_readers;
+  std::optional<data::SampleCache> cache;
+  std::optional<data::Prefetcher> prefetcher;
+
+  // Setup (no collective call): checks the [data] pipeline options and plans every buffer.
+  // OPEN_READER opens one more reader of the training set, as the trainer opened TRAIN_READER.
+  void plan(const DataConfig& config, const comm::World& world, data::DatasetReader& train_reader,
+            const std::function<std::unique_ptr<data::DatasetReader>()>& open_reader,
+            const data::ShardPlan& shard_plan) {
+    data::PrefetchOptions options;
+    options.depth = config.prefetch;
+    options.io_threads = config.io_threads;
+    options.read_delay_ms = config.debug_read_delay_ms;
+    data::Prefetcher::validate(options);
+    MPT_REQUIRE(config.cache == "none" || config.cache == "memory",
+                "unknown --data.cache '" + config.cache + "'",
+                "use --data.cache=none (read the file every epoch) or --data.cache=memory");
+    MPT_REQUIRE(config.cache_limit_mb >= 0, "--data.cache-limit-mb must be >= 0",
+                "0 means: the node's available memory divided by its ranks");
+    std::vector<data::DatasetReader*> readers{&train_reader};
+    for (int thread = 1; config.prefetch > 0 && thread < config.io_threads; ++thread) {
+      extra_readers.push_back(open_reader());
+      readers.push_back(extra_readers.back().get());
+    }
+    if (config.cache == "memory") {
+      const bool explicit_limit = config.cache_limit_mb > 0;
+      const std::size_t limit = explicit_limit
+                                    ? static_cast<std::size_t>(config.cache_limit_mb) << 20
+                                    : data::available_memory_per_rank(world.local_size());
+      const std::string limit_text =
+          explicit_limit ? std::string("--data.cache-limit-mb")
+                         : "the memory available per rank (MemAvailable / " +
+                               std::to_string(world.local_size()) + " rank(s) on this node)";
+      const auto& info = train_reader.info();
+      cache.emplace(info.num_samples, train_reader.staged_sample_bytes(), limit, limit_text,
+                    info.path);
+      for (auto* reader : readers) reader->set_cache(&*cache);
+    }
+    prefetcher.emplace(std::move(readers), shard_plan, options);
+  }
+};
+
 }  // namespace
 
 struct Trainer::State {
@@ -109,6 +151,7 @@ struct Trainer::State {
   std::optional<nn::Model> model;
   std::optional<data::ShardPlan> plan;
   MetricsLog metrics;
+  InputPipeline input;  // last: its I/O threads use the members above
 };
 
 Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
@@ -143,7 +186,11 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
     const std::string model_spec = config.model.layers.empty() ? config.model.name : config.model.layers;
     model.emplace(nn::Model::build(model_spec, info.sample_shape, info.num_classes));
     plan.emplace(info.num_samples, config.loop.batch_size, world.size(), world.rank(),
-                 config.loop.seed, config.loop.shuffle);
+                 config.loop.seed, shard_options_for(config.data, info));
+    state_->input.plan(config.data, world, *train_reader, [&] {
+      return std::make_unique<data::DatasetReader>(config.data.train_path,
+                                                   reader_options(config.data, "--data.train"));
+    }, *plan);
     if (root && !config.output_dir.empty()) {
       ensure_directory(config.output_dir, "--output.dir");
       metrics.open(config.output_dir);
@@ -191,13 +238,12 @@ TrainSummary Trainer::run() {
     std::fflush(stdout);
   }
 
-  // Every buffer of the steady state is planned here, once.
+  // Every buffer of the steady state is planned here, once (the input batches in setup, by the
+  // prefetcher). Its I/O threads start now, so the first batches load during the broadcast.
   model->plan(batch);
-  Tensor inputs(concat_shape(batch, info.sample_shape), DType::f32);
-  Tensor labels({batch}, DType::i32);
   Tensor dlogits({batch, model->num_classes()}, DType::f32);
-  std::vector<std::int64_t> indices;
-  indices.reserve(static_cast<std::size_t>(batch));
+  data::Prefetcher& prefetcher = *state_->input.prefetcher;
+  prefetcher.start(0, 0, total_steps);
 
   // Rank 0 draws the initial weights and broadcasts them: the ranks start identical even if a
   // site's libm differs between nodes.
@@ -218,6 +264,8 @@ TrainSummary Trainer::run() {
   double train_seconds = 0;
   // Loss and accuracy of the current logging window, summed locally and reduced when logged.
   double window[3] = {0, 0, 0};  // loss sum, correct, samples
+  double window_data_wait = 0;   // seconds blocked in prefetcher.next() (reduced with MAX)
+  double total_data_wait = 0;
   double last_window_loss = std::nan("");
   auto window_start = Clock::now();
   std::int64_t window_steps = 0;
@@ -227,11 +275,19 @@ TrainSummary Trainer::run() {
     const auto epoch_start = Clock::now();
     for (std::int64_t epoch_step = 0; epoch_step < steps_per_epoch && step < total_steps; ++epoch_step) {
       const auto step_start = Clock::now();
-      plan->batch_indices(epoch, epoch_step, indices);
-      train_reader->read_batch(indices, inputs, labels);
-      const Tensor& logits = model->forward(inputs, /*training=*/true);
-      const auto stats = kernels::softmax_xent_forward_backward(logits, labels, dlogits, grad_scale);
+      const data::Batch& input = prefetcher.next();  // with --data.prefetch=0 this is the read
+      const double data_wait = seconds_since(step_start);
+      window_data_wait += data_wait;
+      total_data_wait += data_wait;
+      if (input.epoch != epoch || input.step != epoch_step)
+        abort_job("Trainer: prefetched batch (" + std::to_string(input.epoch) + ", " +
+                  std::to_string(input.step) + ") is not the planned (" + std::to_string(epoch) +
+                  ", " + std::to_string(epoch_step) + ")");
+      const Tensor& logits = model->forward(input.samples, /*training=*/true);
+      const auto stats =
+          kernels::softmax_xent_forward_backward(logits, input.labels, dlogits, grad_scale);
       model->backward(dlogits);
+      prefetcher.release();  // backward was the last reader of the inputs: refill the slot now
       reducer.reduce(model->grads());
       optimizer.step(lr);
       train_seconds += seconds_since(step_start);
@@ -245,23 +301,31 @@ TrainSummary Trainer::run() {
                            epoch_step + 1 == steps_per_epoch;
       if (!log_now) continue;
       world.allreduce_sum(window, 3);
-      const double window_seconds = world.max(seconds_since(window_start));
+      // One MAX reduction for both: the slowest rank sets the pace, and the rank that waited
+      // longest for data is the one a user must look at.
+      double window_max[2] = {seconds_since(window_start), window_data_wait};
+      world.allreduce_max(window_max, 2);
+      const double window_seconds = window_max[0];
+      const double data_wait_fraction = window_seconds > 0 ? window_max[1] / window_seconds : 0;
       const double loss = window[0] / window[2];
       last_window_loss = loss;
       const double samples_per_s = window[2] / window_seconds;
       if (root) {
-        std::printf("step %lld/%lld  epoch %lld  loss %.4f  train_acc %.4f  lr %g  %.0f samples/s\n",
+        std::printf("step %lld/%lld  epoch %lld  loss %.4f  train_acc %.4f  lr %g  %.0f samples/s"
+                    "  data_wait %.1f%%\n",
                     static_cast<long long>(step), static_cast<long long>(total_steps),
                     static_cast<long long>(epoch), loss, window[1] / window[2], config.optimizer.lr,
-                    samples_per_s);
+                    samples_per_s, 100 * data_wait_fraction);
         std::fflush(stdout);
         JsonObject record;
         record.add("step", step).add("epoch", epoch).add("loss", loss)
             .add("train_accuracy", window[1] / window[2]).add("lr", config.optimizer.lr)
-            .add("samples_per_s", samples_per_s).add("window_steps", window_steps);
+            .add("samples_per_s", samples_per_s).add("window_steps", window_steps)
+            .add("data_wait_s", window_max[1]).add("data_wait_fraction", data_wait_fraction);
         metrics.write(record);
       }
       window[0] = window[1] = window[2] = 0;
+      window_data_wait = 0;
       window_steps = 0;
       window_start = Clock::now();
     }
@@ -288,10 +352,15 @@ TrainSummary Trainer::run() {
     }
   }
 
+  prefetcher.stop();
   summary.steps = step;
   summary.final_train_loss = last_window_loss;
   // The slowest rank sets the pace of synchronous training.
-  train_seconds = world.max(train_seconds);
+  double run_max[2] = {train_seconds, total_data_wait};
+  world.allreduce_max(run_max, 2);
+  train_seconds = run_max[0];
+  summary.data_wait_s = run_max[1];
+  summary.data_wait_fraction = train_seconds > 0 ? summary.data_wait_s / train_seconds : 0;
   summary.samples_per_s = train_seconds > 0 ? static_cast<double>(step * global_batch) / train_seconds : 0;
 
   world.run_agreed([&] {
@@ -321,6 +390,7 @@ TrainSummary Trainer::run() {
         .add("test_loss", test_reader ? summary.test_loss : std::nan(""))
         .add("test_accuracy", test_reader ? summary.test_accuracy : std::nan(""))
         .add("samples_per_s", summary.samples_per_s).add("train_s", train_seconds)
+        .add("data_wait_s", summary.data_wait_s).add("data_wait_fraction", summary.data_wait_fraction)
         .add("wall_s", summary.wall_s).add("model", model->spec()).add("num_params", model->num_params())
         .add("matmul", kernels::matmul_backend() == kernels::MatmulBackend::dnnl ? "onednn" : "blas")
         .add("mptrain_version", MPTRAIN_VERSION).add("git_hash", MPTRAIN_GIT_HASH);

@@ -48,6 +48,26 @@ expect_error "missing fashion-mnist source" 1 "$TMP/nosrc" prepare fashion-mnist
 
 echo "this is not HDF5" >"$TMP/text.h5"
 expect_error "not an HDF5 file" 2 "$TMP/text.h5" train --data.train="$TMP/text.h5" --output.dir="$TMP/o"
+# A data file cut in half (an interrupted copy): a clean error at open on every rank.
+cp "$D/train.h5" "$TMP/half.h5"
+truncate -s $(( $(stat -c %s "$TMP/half.h5") / 2 )) "$TMP/half.h5"
+for np in 1 2; do
+  expect_error "truncated data file np$np" $np "cannot open data file '$TMP/half.h5' (option --data.train); it should hold the datasets 'samples' and 'labels': truncated file" \
+    train --data.train="$TMP/half.h5" --output.dir="$TMP/o"
+done
+expect_error "truncated file in a multi-file dataset" 2 "'$TMP/half.h5'" \
+  train --data.train="$D/train.h5,$TMP/half.h5" --output.dir="$TMP/o"
+expect_error "glob matching nothing" 2 "no data file matches '$TMP/part-*.h5' (option --data.train)" \
+  train --data.train="$TMP/part-*.h5" --output.dir="$TMP/o"
+"$MPTRAIN" prepare synthetic --out "$TMP/badshape" --shape 1,8,8 --train-samples 64 --test-samples 8 >/dev/null
+expect_error "files that disagree" 2 "data file '$TMP/badshape/train.h5' (option --data.train) does not match" \
+  train --data.train="$D/train.h5,$TMP/badshape/train.h5" --output.dir="$TMP/o"
+expect_error "bad shuffle mode" 2 "--data.shuffle" train --data.train="$D/train.h5" --data.shuffle=random --output.dir="$TMP/o"
+expect_error "bad on-nonfinite" 2 "--data.on-nonfinite" train --data.train="$D/train.h5" --data.on-nonfinite=drop --output.dir="$TMP/o"
+printf 'label,a,b\n1,2,3\n0,x,5\n' >"$TMP/bad.csv"
+expect_error "csv with a non-number" 1 "CSV file '$TMP/bad.csv' line 3, column 1" prepare csv --input "$TMP/bad.csv" --out "$TMP/csv.h5"
+printf 'not numpy' >"$TMP/bad.npy"
+expect_error "npy that is not NPY" 1 "'$TMP/bad.npy' is not an NPY file" prepare npy --samples "$TMP/bad.npy" --labels "$TMP/bad.npy" --out "$TMP/npy.h5"
 expect_error "inspect missing file" 1 "$TMP/none.h5" inspect "$TMP/none.h5"
 expect_error "eval corrupt checkpoint" 2 "$TMP/text.h5" eval --checkpoint="$TMP/text.h5" --data.test="$D/test.h5"
 expect_error "eval missing checkpoint" 2 "$TMP/nockpt" eval --checkpoint="$TMP/nockpt" --data.test="$D/test.h5"
@@ -77,6 +97,46 @@ with h5py.File(sys.argv[1], "r") as src, h5py.File(sys.argv[2], "w") as dst:
 PYEOF
   expect_error "NaN in float samples mid-run" 2 "$TMP/nan.h5" \
     train --data.train="$TMP/nan.h5" --train.batch-size=16 --train.epochs=2 --output.dir="$TMP/o"
+
+  # Malformed files a user's own tools produce; each error names the file and the dataset.
+  "$PY" - "$TMP" <<'PYEOF'
+import sys, h5py, numpy as np
+d = sys.argv[1]
+x = np.zeros((64, 1, 4, 4), np.uint8)
+y = np.arange(64, dtype=np.int32) % 10
+def write(name, samples, labels, classes=10):
+    with h5py.File(f"{d}/{name}", "w") as f:
+        f["samples"], f["labels"] = samples, labels
+        if classes:
+            f.attrs["num_classes"] = classes
+write("short_labels.h5", x, y[:60])
+write("rank1.h5", np.zeros(64, np.uint8), y)
+write("int16.h5", x.astype(np.int16), y)
+write("empty.h5", x[:0], y[:0])
+write("plain.h5", np.random.default_rng(0).integers(0, 255, (64, 16), dtype=np.uint8), y, classes=0)
+PYEOF
+  for np in 1 2; do
+    expect_error "samples/labels length mismatch np$np" $np "dataset 'labels' of data file '$TMP/short_labels.h5'" \
+      train --data.train="$TMP/short_labels.h5" --output.dir="$TMP/o"
+  done
+  expect_error "samples of rank 1" 2 "dataset 'samples' of data file '$TMP/rank1.h5'" \
+    train --data.train="$TMP/rank1.h5" --output.dir="$TMP/o"
+  expect_error "samples of dtype int16" 2 "dataset 'samples' of data file '$TMP/int16.h5' (option --data.train) has unsupported dtype int16" \
+    train --data.train="$TMP/int16.h5" --output.dir="$TMP/o"
+  expect_error "empty dataset" 2 "dataset 'samples' of data file '$TMP/empty.h5' (option --data.train) holds no samples" \
+    train --data.train="$TMP/empty.h5" --output.dir="$TMP/o"
+  expect_error "plain h5py file without num_classes" 2 "--data.num-classes" \
+    train --data.train="$TMP/plain.h5" --output.dir="$TMP/o"
+  expect_error "fewer samples than ranks x batch" 2 "the training set '$TMP/plain.h5' (dataset 'samples') of 64 samples" \
+    train --data.train="$TMP/plain.h5" --data.num-classes=10 --train.batch-size=40 --output.dir="$TMP/o"
+  # The same plain file trains once the class count is given.
+  if timeout 60 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" train --data.train="$TMP/plain.h5" \
+      --data.num-classes=10 --train.batch-size=8 --model.layers=dense:8,relu,dense:10 \
+      --output.dir="$TMP/o" >"$TMP/out" 2>"$TMP/err"; then
+    pass "plain h5py file trains with --data.num-classes"
+  else
+    fail "plain h5py file with --data.num-classes:"; cat "$TMP/err" >&2
+  fi
 else
   fail "labels out of range: $PY has no h5py (launch/install-deps.sh installs python3-h5py)"
 fi

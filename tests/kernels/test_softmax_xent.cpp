@@ -114,5 +114,62 @@ TEST(SoftmaxXent, StableForHugeLogits) {
   }
 }
 
+TEST(SoftmaxXent, IgnoreLabelRowsAddNothingAndGetZeroGradient) {
+  // Rows with kIgnoreLabel must equal a batch without them, and have an all-zero gradient row.
+  const std::int64_t batch = 6, classes = 5;
+  const Tensor logits = random_tensor({batch, classes}, 21, -3.f, 3.f);
+  Tensor labels = make_labels(batch, classes, 22);
+  // Make row 1 certainly "correct" if it were counted: its label is its argmax.
+  {
+    const float* x = logits.data<float>() + classes;
+    std::int32_t argmax = 0;
+    for (std::int32_t j = 1; j < classes; ++j)
+      if (x[j] > x[argmax]) argmax = j;
+    labels.data<std::int32_t>()[1] = argmax;
+  }
+  const XentStats all = softmax_xent_forward(logits, labels);
+  const Reference full = reference(logits, labels);
+  // Reference over the kept rows only.
+  double kept_loss = 0;
+  std::int64_t kept_correct = 0;
+  for (std::int64_t row : {0, 2, 3, 5}) {
+    const Tensor one_logits = Tensor::view(logits, row * classes, {1, classes});
+    const Tensor one_label = Tensor::view(labels, row, {1});
+    const Reference r = reference(one_logits, one_label);
+    kept_loss += r.loss_sum;
+    kept_correct += r.correct;
+  }
+  labels.data<std::int32_t>()[1] = kIgnoreLabel;
+  labels.data<std::int32_t>()[4] = kIgnoreLabel;
+  Tensor dlogits({batch, classes}, DType::f32);
+  for (std::int64_t i = 0; i < dlogits.numel(); ++i) dlogits.data<float>()[i] = 7.f;  // stale
+  const XentStats stats = softmax_xent_forward_backward(logits, labels, dlogits, 0.5f);
+  EXPECT_NEAR(stats.loss_sum, kept_loss, 1e-6 * std::max(1.0, kept_loss));
+  EXPECT_EQ(stats.correct, kept_correct);
+  EXPECT_LT(stats.loss_sum, all.loss_sum);  // the ignored rows had a positive loss
+  for (std::int64_t row = 0; row < batch; ++row)
+    for (std::int64_t j = 0; j < classes; ++j) {
+      const float got = dlogits.data<float>()[row * classes + j];
+      if (row == 1 || row == 4)
+        ASSERT_EQ(got, 0.f) << "row " << row;
+      else
+        ASSERT_NEAR(got, full.grad[static_cast<std::size_t>(row * classes + j)] * 0.5, 1e-6);
+    }
+  const XentStats forward_only = softmax_xent_forward(logits, labels);
+  EXPECT_EQ(forward_only.loss_sum, stats.loss_sum);
+  EXPECT_EQ(forward_only.correct, stats.correct);
+}
+
+TEST(SoftmaxXent, AllRowsIgnoredGiveZero) {
+  const Tensor logits = random_tensor({3, 4}, 31, -1.f, 1.f);
+  Tensor labels({3}, DType::i32);
+  for (int i = 0; i < 3; ++i) labels.data<std::int32_t>()[i] = kIgnoreLabel;
+  Tensor dlogits({3, 4}, DType::f32);
+  const XentStats stats = softmax_xent_forward_backward(logits, labels, dlogits, 1.f);
+  EXPECT_EQ(stats.loss_sum, 0.0);
+  EXPECT_EQ(stats.correct, 0);
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(dlogits.data<float>()[i], 0.f);
+}
+
 }  // namespace
 }  // namespace mpt::kernels

@@ -12,6 +12,7 @@
 #include "core/random.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/softmax_xent.hpp"
+#include "kernels/unscale_check.hpp"
 #include "nn/nn.hpp"
 #include "optim/optim.hpp"
 
@@ -197,6 +198,43 @@ TEST(ModelPlan, SteadyStateStepAllocatesNothing) {
   counting = false;
   kernels::set_matmul_backend(saved);
   EXPECT_EQ(allocations.load(), 0);
+}
+
+TEST(ModelPlan, SteadyStateMixedPrecisionStepAllocatesNothing) {
+  // The whole mixed-precision step: 16-bit forward and backward in row blocks (a batch of 1030
+  // is three blocks, the last one short), unscale-and-check into the f32 master gradients, SGD
+  // on the masters, recast of the working copy. BLAS backend, as above.
+  const kernels::MatmulBackend saved = kernels::matmul_backend();
+  kernels::set_matmul_backend(kernels::MatmulBackend::blas);
+  for (const DType precision : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(precision));
+    const std::int64_t batch = 1030;
+    Model model = Model::build("dense:64,relu,dense:64,relu,dense:10", {1, 28, 28}, 10, precision);
+    model.init_params(1);
+    model.plan(batch);
+    optim::Sgd sgd(model.master_params(), model.master_grads(), optim::SgdOptions{});
+    const Tensor ring[2] = {random_input({batch, 1, 28, 28}, 1), random_input({batch, 1, 28, 28}, 2)};
+    Tensor labels({batch}, DType::i32);
+    Tensor dlogits({batch, 10}, DType::f32);
+    const Tensor grads[1] = {model.grads()};
+    Tensor master_grads[1] = {model.master_grads()};
+    const auto step = [&](int i) {
+      const Tensor& logits = model.forward(ring[i % 2], true);
+      kernels::softmax_xent_forward_backward(logits, labels, dlogits, 1024.f / batch);
+      model.backward(dlogits);
+      if (kernels::unscale_and_check(grads, master_grads, 1.f / 1024)) {
+        sgd.step(0.01f);
+        model.recast_from_master();
+      }
+    };
+    for (int i = 0; i < 3; ++i) step(i);  // warm-up: views of both ring buffers and the blocks
+    allocations = 0;
+    counting = true;
+    for (int i = 3; i < 6; ++i) step(i);
+    counting = false;
+    EXPECT_EQ(allocations.load(), 0);
+  }
+  kernels::set_matmul_backend(saved);
 }
 
 }  // namespace

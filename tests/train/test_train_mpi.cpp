@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
 #include "comm/comm.hpp"
@@ -102,6 +103,44 @@ TEST_F(TrainMpi, NRanksEqualOneRankWithTheSameGlobalBatch) {
     EXPECT_GT(other_diff, 1e-3);
   }
   world.barrier();
+}
+
+TEST_F(TrainMpi, InputPipelineOptionsDoNotChangeTheWeights) {
+  // Synchronous reads, read-ahead on two threads, and a memory cache over 3 epochs (1024 / 8 /
+  // ranks steps each) must feed the same batches, so the weights agree bit for bit.
+  comm::World world;
+  const std::int64_t steps = 3 * (1024 / (16 * world.size()));
+  RunConfig sync_config = config(16, steps);
+  sync_config.data.prefetch = 0;
+  Trainer sync(sync_config, world);
+  const auto sync_summary = sync.run();
+  RunConfig async_config = config(16, steps);
+  async_config.data.prefetch = 3;
+  async_config.data.io_threads = 2;
+  async_config.data.cache = "memory";
+  async_config.data.debug_read_delay_ms = 1;
+  Trainer async(async_config, world);
+  const auto async_summary = async.run();
+  ASSERT_EQ(sync_summary.steps, steps);
+  ASSERT_EQ(async_summary.steps, steps);
+  EXPECT_EQ(std::memcmp(sync.params().raw(), async.params().raw(), sync.params().size_bytes()), 0)
+      << "the input pipeline changed what was trained on";
+  for (const auto& summary : {sync_summary, async_summary}) {
+    EXPECT_GE(summary.data_wait_s, 0);
+    EXPECT_GE(summary.data_wait_fraction, 0);
+    EXPECT_LE(summary.data_wait_fraction, 1);
+  }
+}
+
+TEST_F(TrainMpi, CacheOptionIsCheckedInTheAgreedSetup) {
+  comm::World world;
+  RunConfig c = config(8, 5);
+  c.data.cache = "memory";
+  c.data.cache_limit_mb = 0;  // the node's memory: fits
+  EXPECT_NO_THROW(Trainer(c, world));
+  // Unknown mode: every rank fails together (the message is printed once, by rank 0).
+  c.data.cache = "disk";
+  EXPECT_THROW(Trainer(c, world), comm::ReportedFailure);
 }
 
 }  // namespace

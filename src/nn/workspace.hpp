@@ -1,0 +1,22 @@
+// Private to nn: the f32 scratch that layers compute in while the model stores activations in
+// 16 bits. Sized for one block of rows of the widest layer, not for the whole batch, so that it
+// stays small next to the activations it serves and the 16-bit saving is real.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.hpp"
+
+namespace mpt::nn {
+
+// A layer walks its batch in blocks of at most block_rows rows. Each buffer is flat; layers
+// take views of the leading elements they need.
+struct ComputeWorkspace {
+  std::int64_t block_rows = 0;
+  Tensor input_rows;   // f32 [block_rows * widest input]: widened x, later dx before rounding
+  Tensor output_rows;  // f32 [block_rows * widest output]: y before rounding, or widened dy
+  Tensor weight_grad;  // f32 [largest weight]: dW summed over the blocks, rounded at the end
+  Tensor bias_grad;    // f32 [largest bias]
+};
+
+}  // namespace mpt::nn
