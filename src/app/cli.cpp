@@ -68,8 +68,26 @@ po::options_description train_options(TrainCommand& out) {
       ("train.batch-size", po::value(&run.loop.batch_size)->default_value(64), "samples per rank per step; global batch = this x ranks")
       ("train.seed", po::value(&run.loop.seed)->default_value(42), "seed of weight initialisation and shuffling")
       ("train.log-every", po::value(&run.loop.log_every)->default_value(50), "log and write metrics every N steps")
+      ("train.precision", po::value(&run.amp.precision)->default_value("fp32"),
+       "fp32 | fp16 | bf16: storage of weights, activations and gradients (FP32 masters, FP32 compute)")
       ("train.threads", po::value(&out.runtime.threads)->default_value(0),
        "compute threads per rank (0: OMP_NUM_THREADS if set, else cores per node / ranks per node)");
+  po::options_description amp("[amp]", kHelpWidth, kHelpWidth / 2);
+  amp.add_options()
+      ("amp.loss-scaling", po::value(&run.amp.loss_scaling)->default_value("auto"),
+       "auto (dynamic for fp16, off for fp32 and bf16) | on | off")
+      ("amp.loss-scale", po::value(&run.amp.loss_scale)->default_value(0, "0"), "a static loss scale (0: dynamic)")
+      ("amp.init-scale", po::value(&run.amp.init_scale)->default_value(65536, "65536"), "initial dynamic scale")
+      ("amp.growth-factor", po::value(&run.amp.growth_factor)->default_value(2, "2"), "scale x this after growth-interval clean steps")
+      ("amp.backoff-factor", po::value(&run.amp.backoff_factor)->default_value(0.5, "0.5"), "scale x this on overflow")
+      ("amp.growth-interval", po::value(&run.amp.growth_interval)->default_value(2000), "clean steps before the scale grows")
+      ("amp.hysteresis", po::value(&run.amp.hysteresis)->default_value(1), "overflows tolerated before backing off")
+      ("amp.min-scale", po::value(&run.amp.min_scale)->default_value(1, "1"), "lower bound of the dynamic scale")
+      ("amp.max-scale", po::value(&run.amp.max_scale)->default_value(16777216, "16777216"), "upper bound (2^24)")
+      ("amp.fail-at-min-scale", po::value(&run.amp.fail_at_min_scale)->default_value(false)->implicit_value(true),
+       "end the run with an error when gradients overflow at min-scale")
+      ("amp.on-nonfinite-loss", po::value(&run.amp.on_nonfinite_loss)->default_value("error"),
+       "error (name rank, step and first non-finite layer) | skip (log and skip the step)");
   po::options_description optimizer("[optimizer]", kHelpWidth, kHelpWidth / 2);
   optimizer.add_options()
       ("optimizer.name", po::value(&run.optimizer.name)->default_value("sgd"), "sgd")
@@ -86,7 +104,7 @@ po::options_description train_options(TrainCommand& out) {
       ("device", po::value(&out.runtime.device)->default_value("auto"), "auto | cpu | cuda")
       ("kernels.matmul", po::value(&out.runtime.matmul)->default_value("auto"), "host matmul library: auto | onednn | blas");
   po::options_description all(kHelpWidth, kHelpWidth / 2);
-  all.add(data).add(model).add(loop).add(optimizer).add(output).add(runtime);
+  all.add(data).add(model).add(loop).add(amp).add(optimizer).add(output).add(runtime);
   return all;
 }
 

@@ -78,6 +78,7 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
       return 0;
     }
     if (command == "train") {
+      if (const char* fault = std::getenv("MPTRAIN_FAULT")) parsed.run.fault = fault;
       train::run_training(parsed.run, world);
       return 0;
     }

@@ -112,7 +112,9 @@ EvalResult run_evaluation(const std::string& checkpoint, const DataConfig& data_
                 "dataset '" + info.path + "' has " + std::to_string(info.num_classes) +
                     " classes but the checkpoint's model has " + std::to_string(meta.num_classes),
                 "evaluate on data prepared like the training set");
-    model.emplace(nn::Model::build(meta.model_spec, meta.sample_shape, meta.num_classes));
+    // Evaluate in the precision the model was trained in, from its FP32 master weights.
+    const DType precision = meta.precision == "fp16" ? DType::f16 : meta.precision == "bf16" ? DType::bf16 : DType::f32;
+    model.emplace(nn::Model::build(meta.model_spec, meta.sample_shape, meta.num_classes, precision));
     // Copy the checkpoint's weights into the model, matching by name and shape.
     auto params = model->named_params();
     MPT_REQUIRE(params.size() == loaded->weights.size(),
@@ -128,6 +130,7 @@ EvalResult run_evaluation(const std::string& checkpoint, const DataConfig& data_
                   "the checkpoint does not match its own model spec; it may be corrupt");
       std::copy_n(found->value.data<float>(), param.value.numel(), param.value.data<float>());
     }
+    model->recast_from_master();
   });
   model->plan(batch_size);
   return evaluate(*model, *reader, batch_size, world);

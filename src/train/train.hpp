@@ -49,6 +49,22 @@ struct LoopConfig {
   std::int64_t log_every = 50;
 };
 
+// Mixed precision: the storage dtype of weights, activations and gradients, and the loss scaler.
+struct PrecisionConfig {
+  std::string precision = "fp32";  // fp32 | fp16 | bf16
+  std::string loss_scaling = "auto";  // auto (on for fp16 only) | on | off
+  double loss_scale = 0;              // > 0: a static scale
+  double init_scale = 65536;
+  double growth_factor = 2;
+  double backoff_factor = 0.5;
+  std::int64_t growth_interval = 2000;
+  std::int64_t hysteresis = 1;
+  double min_scale = 1;
+  double max_scale = 16777216;
+  bool fail_at_min_scale = false;
+  std::string on_nonfinite_loss = "error";  // error | skip
+};
+
 struct OptimizerConfig {
   std::string name = "sgd";
   double lr = 0.05;
@@ -62,7 +78,12 @@ struct RunConfig {
   ModelConfig model;
   LoopConfig loop;
   OptimizerConfig optimizer;
+  PrecisionConfig amp;
   std::string output_dir;
+  // Test hook, from the environment variable MPTRAIN_FAULT (docs/testing.md): "KIND:RANK:STEP".
+  // KIND nan-grad puts a NaN into RANK's local gradients at STEP (1-based), before the
+  // all-reduce. Empty: no fault.
+  std::string fault;
   std::string checkpoint_dir;
 };
 
@@ -76,6 +97,9 @@ struct TrainSummary {
   double wall_s = 0;
   double data_wait_s = 0;         // time blocked waiting for input batches, slowest rank
   double data_wait_fraction = 0;  // data_wait_s / training time
+  double loss_scale = 1;          // at the end
+  std::int64_t skipped_steps = 0;  // steps skipped for non-finite gradients or loss
+  std::int64_t skipped_samples = 0;  // samples skipped for non-finite values (--data.on-nonfinite=skip)
 };
 
 // One data-parallel training run. Construction is the agreed setup (data, model, optimizer,

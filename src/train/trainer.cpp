@@ -10,12 +10,14 @@
 #include <optional>
 #include <vector>
 
+#include "amp/amp.hpp"
 #include "ckpt/ckpt.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
 #include "data/data.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/softmax_xent.hpp"
+#include "kernels/unscale_check.hpp"
 #include "nn/nn.hpp"
 #include "optim/optim.hpp"
 #include "train/evaluate.hpp"
@@ -42,6 +44,67 @@ data::ReaderOptions reader_options(const DataConfig& config, const std::string& 
   return reader_options_for(config, option);  // shared with evaluation (evaluate.cpp)
 }
 
+DType precision_dtype(const PrecisionConfig& amp) {
+  return amp.precision == "fp16" ? DType::f16 : amp.precision == "bf16" ? DType::bf16 : DType::f32;
+}
+
+// Loss scaling is on by default only for fp16, whose range needs it; bf16 has fp32's range.
+amp::LossScalerOptions scaler_options(const PrecisionConfig& amp) {
+  amp::LossScalerOptions options;
+  options.enabled = amp.loss_scaling == "on" || (amp.loss_scaling == "auto" && amp.precision == "fp16") ||
+                    (amp.loss_scaling == "auto" && amp.loss_scale > 0);
+  options.static_scale = amp.loss_scale;
+  options.init_scale = amp.init_scale;
+  options.growth_factor = amp.growth_factor;
+  options.backoff_factor = amp.backoff_factor;
+  options.growth_interval = amp.growth_interval;
+  options.hysteresis = amp.hysteresis;
+  options.min_scale = amp.min_scale;
+  options.max_scale = amp.max_scale;
+  options.fail_at_min_scale = amp.fail_at_min_scale;
+  return options;
+}
+
+// Writes one NaN into GRADS. Summed by the all-reduce, it reaches every rank, whose
+// unscale-and-check then skips the step: a local decision becomes a global one without an
+// extra collective.
+void poison(Tensor& grads) {
+  if (grads.numel() == 0) return;
+  switch (grads.dtype()) {
+    case DType::f32: grads.data<float>()[0] = std::nanf(""); break;
+    case DType::f16: static_cast<std::uint16_t*>(grads.raw())[0] = 0x7e00u; break;
+    case DType::bf16: static_cast<std::uint16_t*>(grads.raw())[0] = 0x7fc0u; break;
+    default: abort_job("Trainer: gradients must be f32, f16 or bf16");
+  }
+}
+
+// A parsed MPTRAIN_FAULT: which rank gets which fault at which step.
+struct Fault {
+  std::string kind;
+  int rank = -1;
+  std::int64_t step = -1;
+};
+
+Fault parse_fault(const std::string& text) {
+  Fault fault;
+  if (text.empty()) return fault;
+  const auto first = text.find(':'), second = text.find(':', first == std::string::npos ? first : first + 1);
+  bool ok = first != std::string::npos && second != std::string::npos;
+  if (ok) {
+    fault.kind = text.substr(0, first);
+    try {
+      fault.rank = std::stoi(text.substr(first + 1, second - first - 1));
+      fault.step = std::stoll(text.substr(second + 1));
+    } catch (const std::exception&) {
+      ok = false;
+    }
+  }
+  MPT_REQUIRE(ok && fault.kind == "nan-grad" && fault.rank >= 0 && fault.step >= 1,
+              "MPTRAIN_FAULT='" + text + "' is not KIND:RANK:STEP with KIND nan-grad",
+              "unset MPTRAIN_FAULT; it is a test hook (docs/testing.md)");
+  return fault;
+}
+
 void validate(const RunConfig& config) {
   MPT_REQUIRE(!config.data.train_path.empty(), "no training data given (--data.train)",
               "set [data] train = PATH in the config or pass --data.train=PATH");
@@ -62,6 +125,13 @@ void validate(const RunConfig& config) {
   MPT_REQUIRE(config.optimizer.weight_decay >= 0, "--optimizer.weight-decay must be >= 0",
               "e.g. --optimizer.weight-decay=5e-4");
   MPT_REQUIRE(config.data.chunk_cache_mb >= 0, "--data.chunk-cache-mb must be >= 0", "e.g. 64");
+  const auto& amp = config.amp;
+  MPT_REQUIRE(amp.precision == "fp32" || amp.precision == "fp16" || amp.precision == "bf16",
+              "unknown --train.precision '" + amp.precision + "'", "use fp32, fp16 or bf16");
+  MPT_REQUIRE(amp.loss_scaling == "auto" || amp.loss_scaling == "on" || amp.loss_scaling == "off",
+              "unknown --amp.loss-scaling '" + amp.loss_scaling + "'", "use auto, on or off");
+  MPT_REQUIRE(amp.on_nonfinite_loss == "error" || amp.on_nonfinite_loss == "skip",
+              "unknown --amp.on-nonfinite-loss '" + amp.on_nonfinite_loss + "'", "use error or skip");
 }
 
 // Appends one JSON object per line to metrics.jsonl; only rank 0 holds an open file.
@@ -149,6 +219,8 @@ struct Trainer::State {
   Clock::time_point wall_start = Clock::now();
   std::optional<data::DatasetReader> train_reader, test_reader;
   std::optional<nn::Model> model;
+  std::optional<amp::LossScaler> scaler;
+  Fault fault;
   std::optional<data::ShardPlan> plan;
   MetricsLog metrics;
   InputPipeline input;  // last: its I/O threads use the members above
@@ -184,7 +256,10 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
     }
     const auto& info = train_reader->info();
     const std::string model_spec = config.model.layers.empty() ? config.model.name : config.model.layers;
-    model.emplace(nn::Model::build(model_spec, info.sample_shape, info.num_classes));
+    model.emplace(nn::Model::build(model_spec, info.sample_shape, info.num_classes,
+                                   precision_dtype(config.amp)));
+    state_->scaler.emplace(scaler_options(config.amp));
+    state_->fault = parse_fault(config.fault);
     plan.emplace(info.num_samples, config.loop.batch_size, world.size(), world.rank(),
                  config.loop.seed, shard_options_for(config.data, info));
     state_->input.plan(config.data, world, *train_reader, [&] {
@@ -229,11 +304,11 @@ TrainSummary Trainer::run() {
 
   if (root) {
     std::printf("mptrain %s: %d rank(s), model %s (%lld parameters), batch %lld per rank, global %lld, "
-                "%lld steps per epoch, matmul %s\n",
+                "%lld steps per epoch, precision %s, matmul %s\n",
                 MPTRAIN_VERSION, world.size(), model->spec().c_str(),
                 static_cast<long long>(model->num_params()), static_cast<long long>(batch),
                 static_cast<long long>(global_batch), static_cast<long long>(steps_per_epoch),
-                kernels::matmul_backend() == kernels::MatmulBackend::dnnl ? "oneDNN" : "BLAS");
+                config.amp.precision.c_str(), kernels::matmul_backend() == kernels::MatmulBackend::dnnl ? "oneDNN" : "BLAS");
     if (config.model.print) std::printf("%s", model->summary().c_str());
     std::fflush(stdout);
   }
@@ -248,22 +323,33 @@ TrainSummary Trainer::run() {
   // Rank 0 draws the initial weights and broadcasts them: the ranks start identical even if a
   // site's libm differs between nodes.
   if (root) model->init_params(config.loop.seed);
-  world.broadcast(model->params(), 0);
+  world.broadcast(model->master_params(), 0);
+  model->recast_from_master();  // the 16-bit working copy (a no-op under fp32)
 
   optim::SgdOptions sgd_options;
   sgd_options.lr = static_cast<float>(config.optimizer.lr);
   sgd_options.momentum = static_cast<float>(config.optimizer.momentum);
   sgd_options.weight_decay = static_cast<float>(config.optimizer.weight_decay);
   sgd_options.nesterov = config.optimizer.nesterov;
-  optim::Sgd optimizer(model->params(), model->grads(), sgd_options);
+  // The optimizer updates the FP32 masters from FP32 gradients; the working copy is recast.
+  optim::Sgd optimizer(model->master_params(), model->master_grads(), sgd_options);
+  amp::LossScaler& scaler = *state_->scaler;
+  const bool skip_nonfinite_loss = config.amp.on_nonfinite_loss == "skip";
   comm::GradientReducer reducer(world);
   const float grad_scale = 1.0f / static_cast<float>(global_batch);
   const float lr = static_cast<float>(config.optimizer.lr);
+  // Samples this rank's readers left out for non-finite values (--data.on-nonfinite=skip).
+  const auto skipped_samples = [&] {
+    std::int64_t count = train_reader->skipped_nonfinite();
+    for (const auto& reader : state_->input.extra_readers) count += reader->skipped_nonfinite();
+    return count;
+  };
 
   TrainSummary summary;
   double train_seconds = 0;
   // Loss and accuracy of the current logging window, summed locally and reduced when logged.
-  double window[3] = {0, 0, 0};  // loss sum, correct, samples
+  // Loss sum, correct, samples, and (set at log time) the samples skipped so far.
+  double window[4] = {0, 0, 0, 0};
   double window_data_wait = 0;   // seconds blocked in prefetcher.next() (reduced with MAX)
   double total_data_wait = 0;
   double last_window_loss = std::nan("");
@@ -284,12 +370,44 @@ TrainSummary Trainer::run() {
                   std::to_string(input.step) + ") is not the planned (" + std::to_string(epoch) +
                   ", " + std::to_string(epoch_step) + ")");
       const Tensor& logits = model->forward(input.samples, /*training=*/true);
-      const auto stats =
-          kernels::softmax_xent_forward_backward(logits, input.labels, dlogits, grad_scale);
-      model->backward(dlogits);
+      const double loss_scale = scaler.scale();
+      const auto stats = kernels::softmax_xent_forward_backward(
+          logits, input.labels, dlogits, grad_scale * static_cast<float>(loss_scale));
+      const bool loss_finite = std::isfinite(stats.loss_sum);
+      if (loss_finite) {
+        model->backward(dlogits);
+      } else if (skip_nonfinite_loss) {
+        std::printf("step %lld: non-finite loss on %s, step skipped\n", static_cast<long long>(step + 1),
+                    process_where().c_str());
+        poison(model->grads());
+      } else {
+        const std::string layer = model->first_nonfinite_layer(input.samples);
+        throw_user_error("non-finite loss at step " + std::to_string(step + 1) +
+                             (layer.empty() ? std::string(" (all activations finite: the labels or the loss overflowed)")
+                                            : " (first non-finite activations: layer " + layer + ")"),
+                         "lower --optimizer.lr, check the data, or pass --amp.on-nonfinite-loss=skip");
+      }
       prefetcher.release();  // backward was the last reader of the inputs: refill the slot now
+      if (state_->fault.kind == "nan-grad" && state_->fault.rank == world.rank() &&
+          state_->fault.step == step + 1)
+        poison(model->grads());
       reducer.reduce(model->grads());
-      optimizer.step(lr);
+      // After the all-reduce every rank holds the same gradients, so every rank reaches the
+      // same verdict here and skips (or applies) the same steps with no further collective.
+      Tensor working_grads[1] = {model->grads()};
+      Tensor master_grads[1] = {model->master_grads()};
+      const bool finite = kernels::unscale_and_check(working_grads, master_grads,
+                                                     static_cast<float>(1.0 / loss_scale));
+      const auto decision = scaler.update(finite);
+      if (decision.apply_step) {
+        optimizer.step(lr);
+        model->recast_from_master();
+      } else if (root) {
+        std::printf("step %lld: gradient overflow%s, loss scale %g -> %g, step skipped (%lld skipped so far)\n",
+                    static_cast<long long>(step + 1), loss_finite ? "" : " or non-finite loss",
+                    decision.old_scale, decision.new_scale,
+                    static_cast<long long>(scaler.state().skipped_steps));
+      }
       train_seconds += seconds_since(step_start);
       window[0] += stats.loss_sum;
       window[1] += static_cast<double>(stats.correct);
@@ -300,7 +418,8 @@ TrainSummary Trainer::run() {
       const bool log_now = step % config.loop.log_every == 0 || step == total_steps ||
                            epoch_step + 1 == steps_per_epoch;
       if (!log_now) continue;
-      world.allreduce_sum(window, 3);
+      window[3] = static_cast<double>(skipped_samples());
+      world.allreduce_sum(window, 4);
       // One MAX reduction for both: the slowest rank sets the pace, and the rank that waited
       // longest for data is the one a user must look at.
       double window_max[2] = {seconds_since(window_start), window_data_wait};
@@ -321,10 +440,13 @@ TrainSummary Trainer::run() {
         record.add("step", step).add("epoch", epoch).add("loss", loss)
             .add("train_accuracy", window[1] / window[2]).add("lr", config.optimizer.lr)
             .add("samples_per_s", samples_per_s).add("window_steps", window_steps)
-            .add("data_wait_s", window_max[1]).add("data_wait_fraction", data_wait_fraction);
+            .add("data_wait_s", window_max[1]).add("data_wait_fraction", data_wait_fraction)
+            .add("loss_scale", scaler.scale()).add("skipped_steps", scaler.state().skipped_steps)
+            .add("skipped_samples", static_cast<std::int64_t>(window[3]));
         metrics.write(record);
       }
-      window[0] = window[1] = window[2] = 0;
+      summary.skipped_samples = static_cast<std::int64_t>(window[3]);
+      window[0] = window[1] = window[2] = window[3] = 0;
       window_data_wait = 0;
       window_steps = 0;
       window_start = Clock::now();
@@ -354,6 +476,8 @@ TrainSummary Trainer::run() {
 
   prefetcher.stop();
   summary.steps = step;
+  summary.loss_scale = scaler.scale();
+  summary.skipped_steps = scaler.state().skipped_steps;
   summary.final_train_loss = last_window_loss;
   // The slowest rank sets the pace of synchronous training.
   double run_max[2] = {train_seconds, total_data_wait};
@@ -373,6 +497,7 @@ TrainSummary Trainer::run() {
     meta.epoch = summary.epochs;
     meta.world_size = world.size();
     meta.global_batch = global_batch;
+    meta.precision = config.amp.precision;
     meta.mptrain_version = MPTRAIN_VERSION;
     meta.git_hash = MPTRAIN_GIT_HASH;
     std::vector<ckpt::NamedTensor> weights;
@@ -391,6 +516,8 @@ TrainSummary Trainer::run() {
         .add("test_accuracy", test_reader ? summary.test_accuracy : std::nan(""))
         .add("samples_per_s", summary.samples_per_s).add("train_s", train_seconds)
         .add("data_wait_s", summary.data_wait_s).add("data_wait_fraction", summary.data_wait_fraction)
+        .add("precision", config.amp.precision).add("loss_scale", summary.loss_scale)
+        .add("skipped_steps", summary.skipped_steps).add("skipped_samples", summary.skipped_samples)
         .add("wall_s", summary.wall_s).add("model", model->spec()).add("num_params", model->num_params())
         .add("matmul", kernels::matmul_backend() == kernels::MatmulBackend::dnnl ? "onednn" : "blas")
         .add("mptrain_version", MPTRAIN_VERSION).add("git_hash", MPTRAIN_GIT_HASH);

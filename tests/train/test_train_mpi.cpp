@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <cstring>
 #include <filesystem>
 
 #include "comm/comm.hpp"
@@ -141,6 +142,61 @@ TEST_F(TrainMpi, CacheOptionIsCheckedInTheAgreedSetup) {
   // Unknown mode: every rank fails together (the message is printed once, by rank 0).
   c.data.cache = "disk";
   EXPECT_THROW(Trainer(c, world), comm::ReportedFailure);
+}
+
+}  // namespace
+}  // namespace mpt::train
+
+namespace mpt::train {
+namespace {
+
+// The overflow path of mixed precision: an Inf/NaN in ONE rank's local gradients reaches every
+// rank through the all-reduce; every rank skips that step, the loss scale halves, and the
+// weights equal those of a run that stopped one step earlier.
+TEST_F(TrainMpi, OverflowOnOneRankSkipsTheStepEverywhere) {
+  comm::World world;
+  const std::int64_t fault_step = 6;
+  RunConfig before = config(8, fault_step - 1);
+  before.amp.precision = "fp16";
+  Trainer reference(before, world);
+  const auto reference_summary = reference.run();
+  EXPECT_EQ(reference_summary.skipped_steps, 0);
+  EXPECT_EQ(reference_summary.loss_scale, 65536.0);
+
+  RunConfig faulty = before;
+  faulty.loop.max_steps = fault_step;
+  faulty.fault = "nan-grad:" + std::to_string(world.size() - 1) + ":" + std::to_string(fault_step);
+  Trainer trainer(faulty, world);
+  const auto summary = trainer.run();
+  EXPECT_EQ(summary.skipped_steps, 1);
+  EXPECT_EQ(summary.loss_scale, 32768.0);
+  const Tensor& a = reference.params();
+  const Tensor& b = trainer.params();
+  ASSERT_EQ(a.size_bytes(), b.size_bytes());
+  EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.size_bytes()), 0) << "a skipped step changed the weights";
+
+  // Without the fault the same step does change them, so the comparison above can fail.
+  RunConfig clean = faulty;
+  clean.fault.clear();
+  Trainer moved(clean, world);
+  moved.run();
+  EXPECT_NE(std::memcmp(a.raw(), moved.params().raw(), a.size_bytes()), 0);
+}
+
+TEST_F(TrainMpi, SixteenBitTrainingKeepsRanksIdenticalAndLearns) {
+  comm::World world;
+  for (const char* precision : {"fp16", "bf16"}) {
+    RunConfig c = config(8, 40);
+    c.amp.precision = precision;
+    Trainer trainer(c, world);
+    const auto summary = trainer.run();
+    EXPECT_TRUE(std::isfinite(summary.final_train_loss)) << precision;
+    const Tensor& params = trainer.params();
+    Tensor root_copy({static_cast<std::int64_t>(params.size_bytes())}, DType::u8);
+    std::memcpy(root_copy.raw(), params.raw(), params.size_bytes());
+    world.broadcast(root_copy, 0);
+    EXPECT_EQ(std::memcmp(root_copy.raw(), params.raw(), params.size_bytes()), 0) << precision;
+  }
 }
 
 }  // namespace

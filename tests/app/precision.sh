@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Mixed precision end to end: fp16 reaches the fp32 test accuracy on Fashion-MNIST within 0.5
+# points (same seed and epochs), eval reproduces it from the FP32 master weights, and a
+# non-finite loss is an error naming the rank, step and layer, or a logged skip on request.
+source "$(dirname "$0")/common.sh"
+PY=${PYTHON_H5PY:-/usr/bin/python3}
+FMNIST=${FMNIST_SOURCE:-/usr/share/datasets/fashion-mnist}
+
+"$MPTRAIN" prepare fashion-mnist --source "$FMNIST" --out "$TMP/fm" >/dev/null
+for precision in fp32 fp16; do
+  timeout 300 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" train --data.train="$TMP/fm/train.h5" \
+    --data.test="$TMP/fm/test.h5" --train.epochs=2 --train.batch-size=64 --train.log-every=200 \
+    --train.precision=$precision --output.dir="$TMP/$precision" --checkpoint.dir="$TMP/$precision/ckpt" \
+    >"$TMP/$precision.log" 2>&1 || { fail "train $precision"; cat "$TMP/$precision.log" >&2; finish; }
+done
+python3 - "$TMP" <<'PYEOF' && pass "fp16 within 0.5 points of fp32" || fail "fp16 accuracy"
+import json, sys
+s32 = json.load(open(f"{sys.argv[1]}/fp32/summary.json"))
+s16 = json.load(open(f"{sys.argv[1]}/fp16/summary.json"))
+print(f"fp32 {s32['test_accuracy']:.4f}  fp16 {s16['test_accuracy']:.4f}  loss scale {s16['loss_scale']}  skipped {s16['skipped_steps']}")
+assert s16["precision"] == "fp16" and s32["precision"] == "fp32"
+assert s32["test_accuracy"] >= 0.85, s32
+assert abs(s16["test_accuracy"] - s32["test_accuracy"]) <= 0.005, (s16, s32)
+steps = [json.loads(l) for l in open(f"{sys.argv[1]}/fp16/metrics.jsonl") if '"loss"' in l]
+assert all("loss_scale" in s and "skipped_steps" in s for s in steps)
+PYEOF
+
+timeout 120 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" eval --checkpoint="$TMP/fp16/ckpt" \
+  --data.test="$TMP/fm/test.h5" >"$TMP/eval.log" 2>&1 || fail "eval fp16 checkpoint"
+want=$(python3 -c "import json;print('%.4f' % json.load(open('$TMP/fp16/summary.json'))['test_accuracy'])")
+got=$(sed -n 's/^eval: accuracy \([0-9.]*\).*/\1/p' "$TMP/eval.log")
+[ "$want" = "$got" ] && pass "eval of the fp16 checkpoint gives $got" || fail "eval '$got' != '$want'"
+
+# A float sample of 1e6 overflows fp16 in the first layer: the loss goes non-finite.
+"$MPTRAIN" prepare synthetic --out "$TMP/syn" --train-samples 512 --test-samples 64 --dtype float32 >/dev/null
+"$PY" - "$TMP/syn/train.h5" <<'PYEOF'
+import sys, h5py
+with h5py.File(sys.argv[1], "r+") as f:
+    f["samples"][100] = 1e6
+PYEOF
+rc=0
+timeout 60 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" train --data.train="$TMP/syn/train.h5" \
+  --train.precision=fp16 --train.batch-size=16 --output.dir="$TMP/o" >"$TMP/nf.out" 2>"$TMP/nf.err" || rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "non-finite loss at step .* layer dense0" "$TMP/nf.err" &&
+  grep -q "mptrain: error: \[rank [01] on" "$TMP/nf.err"; then
+  pass "non-finite loss is an error: $(grep '^mptrain: error' "$TMP/nf.err")"
+else
+  fail "non-finite loss error (exit $rc)"; cat "$TMP/nf.err" >&2
+fi
+timeout 60 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" train --data.train="$TMP/syn/train.h5" \
+  --train.precision=fp16 --train.batch-size=16 --amp.on-nonfinite-loss=skip --output.dir="$TMP/skip" \
+  >"$TMP/skip.log" 2>&1 || fail "skip mode exited non-zero"
+python3 -c "import json,sys; s=json.load(open('$TMP/skip/summary.json')); assert s['skipped_steps'] >= 1, s" &&
+  grep -q "non-finite loss on rank" "$TMP/skip.log" && pass "--amp.on-nonfinite-loss=skip logs and skips" ||
+  fail "skip mode summary"
+finish
