@@ -29,8 +29,10 @@ po::options_description train_options(TrainCommand& out) {
   data.add_options()
       ("data.train", po::value(&run.data.train_path), "training set (HDF5, see docs/data-format.md)")
       ("data.test", po::value(&run.data.test_path)->implicit_value(""), "test set, evaluated after every epoch (empty: none)")
-      ("data.samples", po::value(&run.data.samples_name)->default_value("samples"), "name of the samples dataset")
-      ("data.labels", po::value(&run.data.labels_name)->default_value("labels"), "name of the labels dataset")
+      ("data.samples", po::value(&run.data.samples_name)->default_value(""),
+       "name of the samples dataset (empty: the file's samples_dataset attribute, else 'samples')")
+      ("data.labels", po::value(&run.data.labels_name)->default_value(""),
+       "name of the labels dataset (empty: the file's labels_dataset attribute, else 'labels')")
       ("data.chunk-cache-mb", po::value(&run.data.chunk_cache_mb)->default_value(64), "HDF5 chunk cache per dataset, MiB")
       ("data.shuffle", po::value(&run.data.shuffle)->default_value("global"),
        "global | window (shuffle inside windows of data.shuffle-window samples, and the windows' order) | none")

@@ -121,8 +121,9 @@ NonFiniteAction parse_nonfinite_action(const std::string& text);  // UserError n
 std::vector<std::string> expand_data_paths(const std::string& path, const std::string& option);
 
 struct ReaderOptions {
-  std::string samples_name = "samples";
-  std::string labels_name = "labels";
+  // Empty: the file's samples_dataset / labels_dataset attribute, else "samples" / "labels".
+  std::string samples_name;
+  std::string labels_name;
   std::size_t chunk_cache_bytes = 64u << 20;   // HDF5 chunk cache of the samples dataset
   std::string option_prefix = "--data.train";  // the option that named the file, for messages
   // Used where the file lacks the attribute (--data.num-classes, --data.mean, --data.std,

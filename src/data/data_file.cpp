@@ -42,8 +42,8 @@ constexpr const char* kTruncatedHint =
 DataFile::DataFile(std::string path, const ReaderOptions& options)
     : path_(std::move(path)),
       description_("data file '" + path_ + "' (option " + options.option_prefix + ")"),
-      samples_name_(options.samples_name),
-      labels_name_(options.labels_name),
+      samples_name_(options.samples_name.empty() ? "samples" : options.samples_name),
+      labels_name_(options.labels_name.empty() ? "labels" : options.labels_name),
       allow_direct_(options.direct_reads) {
   open_and_validate(options);
 }
@@ -93,6 +93,11 @@ void DataFile::open_and_validate(const ReaderOptions& options) {
                                  "HDF5_USE_FILE_LOCKING=FALSE");
   }
   const hid_t root = file_.get();
+  // A name the options leave empty comes from the file's own attribute, if it has one.
+  if (options.samples_name.empty())
+    samples_name_ = hdf5_read_string_attribute(root, "samples_dataset").value_or(samples_name_);
+  if (options.labels_name.empty())
+    labels_name_ = hdf5_read_string_attribute(root, "labels_dataset").value_or(labels_name_);
 
   if (auto format = hdf5_read_string_attribute(root, "mptrain_format")) {
     MPT_REQUIRE(*format == kDataFormat,

@@ -41,6 +41,8 @@ class DataFile {
   DataFile& operator=(const DataFile&) = delete;
 
   const std::string& path() const { return path_; }
+  const std::string& samples_name() const { return samples_name_; }
+  const std::string& labels_name() const { return labels_name_; }
   // "data file 'PATH' (option --data.train)", the start of every message about it.
   const std::string& description() const { return description_; }
   // "dataset 'samples' of data file 'PATH' (option --data.train)".

@@ -137,6 +137,8 @@ void DataFileWriter::finish(const DataFileAttributes& attributes) {
   const hid_t root = file_.get();
   hdf5_write_attribute(root, "mptrain_format", kDataFormat);
   hdf5_write_attribute(root, "format_version", kDataFormatVersion);
+  hdf5_write_attribute(root, "samples_dataset", "samples");
+  hdf5_write_attribute(root, "labels_dataset", "labels");
   hdf5_write_attribute(root, "num_classes", static_cast<std::int32_t>(attributes.num_classes));
   hdf5_write_attribute(root, "num_samples", num_samples_);
   hdf5_write_attribute(root, "sample_shape", std::vector<std::int64_t>(sample_shape_));

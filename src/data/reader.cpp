@@ -67,9 +67,10 @@ std::vector<std::string> expand_data_paths(const std::string& path, const std::s
 DatasetReader::DatasetReader(const std::string& path, const ReaderOptions& options)
     : option_prefix_(options.option_prefix), on_nonfinite_(options.on_nonfinite) {
   info_.path = path;
-  info_.samples_name = options.samples_name;
-  info_.labels_name = options.labels_name;
   open_and_validate(options);
+  // As resolved by the first file (an option, else the file's attribute, else the default).
+  info_.samples_name = files_.front()->samples_name();
+  info_.labels_name = files_.front()->labels_name();
 }
 
 DatasetReader::~DatasetReader() = default;
@@ -111,12 +112,12 @@ void DatasetReader::open_and_validate(const ReaderOptions& options) {
                                  " (the files of one dataset must agree): ";
     const char* hint = "concatenate only pieces of one dataset, prepared the same way";
     MPT_REQUIRE(file->stored_sample_shape() == first.stored_sample_shape(),
-                mismatch + "dataset '" + options.samples_name + "' has samples of shape " +
+                mismatch + "dataset '" + file->samples_name() + "' has samples of shape " +
                     shape_to_string(file->stored_sample_shape()) + " against " +
                     shape_to_string(first.stored_sample_shape()),
                 hint);
     MPT_REQUIRE(file->sample_dtype() == first.sample_dtype(),
-                mismatch + "dataset '" + options.samples_name + "' has dtype " +
+                mismatch + "dataset '" + file->samples_name() + "' has dtype " +
                     dtype_name(file->sample_dtype()) + " against " +
                     dtype_name(first.sample_dtype()),
                 hint);

@@ -14,8 +14,8 @@ namespace mpt::train {
 struct DataConfig {
   std::string train_path;
   std::string test_path;
-  std::string samples_name = "samples";
-  std::string labels_name = "labels";
+  std::string samples_name;  // empty: from the file's attribute, else "samples"
+  std::string labels_name;   // empty: from the file's attribute, else "labels"
   std::int64_t chunk_cache_mb = 64;
   // How the files are read (data::ReaderOptions): used where a file lacks the attribute.
   std::int64_t num_classes = 0;  // 0: from the file's num_classes

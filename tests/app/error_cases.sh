@@ -141,4 +141,9 @@ else
   fail "labels out of range: $PY has no h5py (launch/install-deps.sh installs python3-h5py)"
 fi
 
+MPTRAIN_FAULT=bogus expect_error "malformed MPTRAIN_FAULT" 2 "MPTRAIN_FAULT='bogus'" \
+  train --data.train="$D/train.h5" --output.dir="$TMP/o"
+expect_error "unknown precision" 2 "--train.precision 'fp8'" \
+  train --data.train="$D/train.h5" --train.precision=fp8 --output.dir="$TMP/o"
+
 finish

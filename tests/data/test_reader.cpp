@@ -573,3 +573,36 @@ TEST(DatasetReader, DirectReadsMatchHdf5ReadsForChunkedAndContiguousFiles) {
 
 }  // namespace
 }  // namespace mpt::data
+
+namespace mpt::data {
+namespace {
+
+// Dataset names left empty in the options come from the file's samples_dataset/labels_dataset
+// attributes; an explicit option still wins.
+TEST(DatasetReader, DatasetNamesFromFileAttributes) {
+  test::TempDir dir("reader-names-attr");
+  const std::string path = dir.file("named.h5");
+  {
+    auto lock = hdf5_lock();
+    Hdf5Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+    std::vector<std::uint8_t> pixels(6 * 4);
+    for (std::size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<std::uint8_t>(i);
+    std::vector<std::int32_t> labels{0, 1, 2, 0, 1, 2};
+    hdf5_write_dataset(file.get(), "images", H5T_STD_U8LE, H5T_NATIVE_UINT8, {6, 4}, pixels.data());
+    hdf5_write_dataset(file.get(), "targets", H5T_STD_I32LE, H5T_NATIVE_INT32, {6}, labels.data());
+    hdf5_write_attribute(file.get(), "samples_dataset", "images");
+    hdf5_write_attribute(file.get(), "labels_dataset", "targets");
+    hdf5_write_attribute(file.get(), "num_classes", std::int32_t{3});
+  }
+  DatasetReader reader(path, ReaderOptions{});
+  EXPECT_EQ(reader.info().samples_name, "images");
+  EXPECT_EQ(reader.info().labels_name, "targets");
+  EXPECT_EQ(reader.info().num_samples, 6);
+  ReaderOptions explicit_names;
+  explicit_names.samples_name = "samples";
+  const std::string text = test::user_error_text([&] { DatasetReader bad(path, explicit_names); });
+  EXPECT_NE(text.find("no dataset 'samples'"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace mpt::data
