@@ -9,7 +9,8 @@ namespace mpt::kernels {
 
 namespace host {
 void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, float lr,
-                float momentum, float weight_decay, bool nesterov, bool first_step);
+                float momentum, float weight_decay, bool nesterov, bool first_step,
+                Tensor* rounded, Tensor* widened);
 }  // namespace host
 
 // One SGD step, in place on PARAMS and MOMENTUM_BUFFER; all three tensors are f32 with the same
@@ -19,11 +20,16 @@ void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, fl
 //                                                  first step ignores the old contents of buf)
 //   p -= lr * (nesterov ? d + momentum * buf : buf)
 // With momentum == 0 the buffer is neither read nor written and p -= lr * d.
+// With ROUNDED (f16 or bf16) and WIDENED (f32) given, each chunk of the updated PARAMS is also
+// written as ROUNDED = round(p) and WIDENED = float(ROUNDED) while it is in cache: the recast
+// of mixed precision (kernels::round_and_widen) fused into the update, one pass fewer over
+// the FP32 masters.
 inline void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, float lr,
-                       float momentum, float weight_decay, bool nesterov, bool first_step) {
+                       float momentum, float weight_decay, bool nesterov, bool first_step,
+                       Tensor* rounded = nullptr, Tensor* widened = nullptr) {
   if (params.device() != Device::cpu) detail::built_without_cuda("kernels::sgd_update");
   host::sgd_update(params, grads, momentum_buffer, lr, momentum, weight_decay, nesterov,
-                   first_step);
+                   first_step, rounded, widened);
 }
 
 }  // namespace mpt::kernels

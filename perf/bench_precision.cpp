@@ -55,6 +55,7 @@ struct StepRig {
     model.plan(batch);
     sgd = std::make_unique<mpt::optim::Sgd>(model.master_params(), model.master_grads(),
                                             mpt::optim::SgdOptions{});
+    if (precision != DType::f32) sgd->recast_into(model.params(), model.compute_params());
     for (std::int64_t i = 0; i < batch; ++i)
       labels.data<std::int32_t>()[i] = static_cast<std::int32_t>(i % 10);
     grads[0] = model.grads();
@@ -71,8 +72,7 @@ struct StepRig {
                                                 scale / static_cast<float>(input.dim(0)));
     model.backward(dlogits);
     if (mpt::kernels::unscale_and_check(grads, master_grads, 1.f / scale)) {
-      sgd->step(0.01f);
-      model.recast_from_master();
+      sgd->step(0.01f);  // with the recast fused in, as the trainer does
     } else {
       ++skipped;
     }

@@ -124,6 +124,9 @@ class Model {
   // FP32 master weights and gradients (same layout). The optimizer updates the masters from the
   // master gradients, which the trainer fills with unscale_and_check(grads()). Under f32 they
   // are params() and grads() themselves (same storage).
+  // The f32 copy of the working weights that the layers compute with (params() under fp32).
+  // With params(), the target of the recast (Sgd::recast_into fuses it into the update).
+  Tensor& compute_params() { return compute_params_; }
   Tensor& master_params() { return master_params_; }
   Tensor& master_grads() { return master_grads_; }
   const Tensor& master_params() const { return master_params_; }

@@ -28,6 +28,12 @@ class Sgd {
   // One update with learning rate LR from grads(). The first step after construction (steps()
   // == 0) starts the momentum buffer from the gradient, as PyTorch does.
   void step(float lr);
+  // Mixed precision: every step also writes ROUNDED = round(params) (f16/bf16) and WIDENED =
+  // float(ROUNDED), fused into the update (the model's working and compute copies).
+  void recast_into(Tensor rounded, Tensor widened) {
+    rounded_ = std::move(rounded);
+    widened_ = std::move(widened);
+  }
 
   std::int64_t steps() const { return steps_; }
   // For a checkpoint restore: with steps > 0 the next step continues the restored buffer.
@@ -38,6 +44,7 @@ class Sgd {
 
  private:
   Tensor params_, grads_, momentum_buffer_;
+  Tensor rounded_, widened_;  // undefined: no fused recast
   SgdOptions options_;
   std::int64_t steps_ = 0;
 };

@@ -36,8 +36,10 @@ Sgd::Sgd(Tensor params, Tensor grads, SgdOptions options)
 }
 
 void Sgd::step(float lr) {
+  const bool recast = rounded_.defined();
   kernels::sgd_update(params_, grads_, momentum_buffer_, lr, options_.momentum,
-                      options_.weight_decay, options_.nesterov, steps_ == 0);
+                      options_.weight_decay, options_.nesterov, steps_ == 0,
+                      recast ? &rounded_ : nullptr, recast ? &widened_ : nullptr);
   ++steps_;
 }
 

@@ -333,6 +333,9 @@ TrainSummary Trainer::run() {
   sgd_options.nesterov = config.optimizer.nesterov;
   // The optimizer updates the FP32 masters from FP32 gradients; the working copy is recast.
   optim::Sgd optimizer(model->master_params(), model->master_grads(), sgd_options);
+  // Under 16 bits the optimizer also recasts the working copy, in the same pass over the masters.
+  const bool sixteen_bit = model->precision() != DType::f32;
+  if (sixteen_bit) optimizer.recast_into(model->params(), model->compute_params());
   amp::LossScaler& scaler = *state_->scaler;
   const bool skip_nonfinite_loss = config.amp.on_nonfinite_loss == "skip";
   comm::GradientReducer reducer(world);
@@ -400,8 +403,7 @@ TrainSummary Trainer::run() {
                                                      static_cast<float>(1.0 / loss_scale));
       const auto decision = scaler.update(finite);
       if (decision.apply_step) {
-        optimizer.step(lr);
-        model->recast_from_master();
+        optimizer.step(lr);  // and, under 16 bits, the recast of the working copy
       } else if (root) {
         std::printf("step %lld: gradient overflow%s, loss scale %g -> %g, step skipped (%lld skipped so far)\n",
                     static_cast<long long>(step + 1), loss_finite ? "" : " or non-finite loss",

@@ -1,10 +1,13 @@
 // sgd_update against PyTorch's SGD rule: hand-computed values, and a float64 replay of the rule.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
+#include "kernels/cast.hpp"
 #include "kernels/sgd.hpp"
 #include "random_fill.hpp"
 
@@ -90,3 +93,33 @@ TEST(Sgd, NoMomentumLeavesBufferAlone) {
 
 }  // namespace
 }  // namespace mpt::kernels
+
+namespace mpt {
+namespace {
+
+// The recast fused into the SGD update writes exactly what a separate round_and_widen of the
+// updated parameters writes, for fp16 and bf16, with and without momentum.
+TEST(SgdFusedRecast, MatchesSeparateRecast) {
+  for (const DType dtype : {DType::f16, DType::bf16}) {
+    for (const float momentum : {0.f, 0.9f}) {
+      const std::int64_t n = 40000;  // several chunks and a partial one
+      Tensor p({n}, DType::f32), g({n}, DType::f32), buf({n}, DType::f32);
+      for (std::int64_t i = 0; i < n; ++i) {
+        p.data<float>()[i] = 0.001f * static_cast<float>(i % 997) - 0.5f;
+        g.data<float>()[i] = 0.01f * static_cast<float>(i % 13) - 0.06f;
+      }
+      Tensor p_ref({n}, DType::f32), buf_ref({n}, DType::f32);
+      std::copy_n(p.data<float>(), n, p_ref.data<float>());
+      Tensor rounded({n}, dtype), widened({n}, DType::f32), rounded_ref({n}, dtype), widened_ref({n}, DType::f32);
+      kernels::sgd_update(p, g, buf, 0.1f, momentum, 1e-4f, false, true, &rounded, &widened);
+      kernels::sgd_update(p_ref, g, buf_ref, 0.1f, momentum, 1e-4f, false, true);
+      kernels::round_and_widen(p_ref, rounded_ref, widened_ref);
+      ASSERT_EQ(std::memcmp(p.raw(), p_ref.raw(), p.size_bytes()), 0);
+      EXPECT_EQ(std::memcmp(rounded.raw(), rounded_ref.raw(), rounded.size_bytes()), 0) << dtype_name(dtype);
+      EXPECT_EQ(std::memcmp(widened.raw(), widened_ref.raw(), widened.size_bytes()), 0) << dtype_name(dtype);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mpt
