@@ -59,8 +59,8 @@ po::options_description train_options(TrainCommand& out) {
        "testing aid: sleep this long in every batch read, to emulate slow storage");
   po::options_description model("[model]", kHelpWidth, kHelpWidth / 2);
   model.add_options()
-      ("model.name", po::value(&run.model.name)->default_value("mlp"), "built-in model: mlp (784-1024-1024-10)")
-      ("model.layers", po::value(&run.model.layers), "layer spec, e.g. dense:1024,relu,dense:10 (overrides model.name)")
+      ("model.name", po::value(&run.model.name)->default_value("mlp"), "built-in model: mlp (784-1024-1024-10) | cnn (two 5x5 conv + pool blocks, dense 512)")
+      ("model.layers", po::value(&run.model.layers), "layer spec (overrides model.name): dense:N, conv:C:K[:stride=S][:pad=P], maxpool:K, avgpool:K, gap, flatten, relu, gelu")
       ("model.print", po::value(&run.model.print)->default_value(false)->implicit_value(true),
        "print layers, output shapes, parameters and FLOPs per sample");
   po::options_description loop("[train]", kHelpWidth, kHelpWidth / 2);
@@ -92,11 +92,34 @@ po::options_description train_options(TrainCommand& out) {
        "error (name rank, step and first non-finite layer) | skip (log and skip the step)");
   po::options_description optimizer("[optimizer]", kHelpWidth, kHelpWidth / 2);
   optimizer.add_options()
-      ("optimizer.name", po::value(&run.optimizer.name)->default_value("sgd"), "sgd")
-      ("optimizer.lr", po::value(&run.optimizer.lr)->default_value(0.05, "0.05"), "learning rate")
+      ("optimizer.name", po::value(&run.optimizer.name)->default_value("sgd"), "sgd | adamw")
+      ("optimizer.lr", po::value(&run.optimizer.lr)->default_value(0.05, "0.05"), "base learning rate")
       ("optimizer.momentum", po::value(&run.optimizer.momentum)->default_value(0.9, "0.9"), "SGD momentum")
-      ("optimizer.weight-decay", po::value(&run.optimizer.weight_decay)->default_value(0.0, "0"), "L2 weight decay")
-      ("optimizer.nesterov", po::value(&run.optimizer.nesterov)->default_value(false)->implicit_value(true), "Nesterov momentum");
+      ("optimizer.weight-decay", po::value(&run.optimizer.weight_decay)->default_value(0.0, "0"),
+       "SGD: L2 weight decay; AdamW: decoupled weight decay")
+      ("optimizer.nesterov", po::value(&run.optimizer.nesterov)->default_value(false)->implicit_value(true), "Nesterov momentum")
+      ("optimizer.beta1", po::value(&run.optimizer.beta1)->default_value(0.9, "0.9"), "AdamW: decay of the first moment")
+      ("optimizer.beta2", po::value(&run.optimizer.beta2)->default_value(0.999, "0.999"), "AdamW: decay of the second moment")
+      ("optimizer.eps", po::value(&run.optimizer.eps)->default_value(1e-8, "1e-8"), "AdamW: added to the denominator")
+      ("optimizer.decay-biases", po::value(&run.optimizer.decay_biases)->default_value(false)->implicit_value(true),
+       "AdamW: also apply weight decay to biases")
+      ("optimizer.lr-scaling", po::value(&run.optimizer.lr_scaling)->default_value("none"),
+       "none | linear (lr x global batch / reference-batch)")
+      ("optimizer.reference-batch", po::value(&run.optimizer.reference_batch)->default_value(256),
+       "global batch the base lr was tuned for (lr-scaling=linear)")
+      ("optimizer.clip-norm", po::value(&run.optimizer.clip_norm)->default_value(0.0, "0"),
+       "clip the global gradient norm to this (0: off)");
+  po::options_description schedule("[schedule]", kHelpWidth, kHelpWidth / 2);
+  schedule.add_options()
+      ("schedule.name", po::value(&run.schedule.name)->default_value("constant"), "constant | step | cosine | one-cycle")
+      ("schedule.warmup-steps", po::value(&run.schedule.warmup_steps)->default_value(0),
+       "linear warmup over this many optimizer steps (not with one-cycle)")
+      ("schedule.step-size", po::value(&run.schedule.step_size)->default_value(0), "step: multiply by gamma every N steps")
+      ("schedule.gamma", po::value(&run.schedule.gamma)->default_value(0.1, "0.1"), "step: the factor")
+      ("schedule.min-lr", po::value(&run.schedule.min_lr)->default_value(0.0, "0"), "cosine: the final lr")
+      ("schedule.max-lr", po::value(&run.schedule.max_lr)->default_value(0.0, "0"), "one-cycle: the peak lr (0: the base lr)")
+      ("schedule.pct-start", po::value(&run.schedule.pct_start)->default_value(0.3, "0.3"),
+       "one-cycle: fraction of the steps spent rising");
   po::options_description output("[output] and [checkpoint]", kHelpWidth, kHelpWidth / 2);
   output.add_options()
       ("output.dir", po::value(&run.output_dir)->default_value("runs/latest")->implicit_value(""), "metrics.jsonl and summary.json go here")
@@ -106,7 +129,7 @@ po::options_description train_options(TrainCommand& out) {
       ("device", po::value(&out.runtime.device)->default_value("auto"), "auto | cpu | cuda")
       ("kernels.matmul", po::value(&out.runtime.matmul)->default_value("auto"), "host matmul library: auto | onednn | blas");
   po::options_description all(kHelpWidth, kHelpWidth / 2);
-  all.add(data).add(model).add(loop).add(amp).add(optimizer).add(output).add(runtime);
+  all.add(data).add(model).add(loop).add(amp).add(optimizer).add(schedule).add(output).add(runtime);
   return all;
 }
 

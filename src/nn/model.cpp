@@ -8,8 +8,12 @@
 #include "core/random.hpp"
 #include "kernels/cast.hpp"
 #include "kernels/finite.hpp"
+#include "nn/conv2d.hpp"
 #include "nn/dense.hpp"
+#include "nn/flatten_layer.hpp"
+#include "nn/gelu_layer.hpp"
 #include "nn/nn.hpp"
+#include "nn/pool2d_layer.hpp"
 #include "nn/relu_layer.hpp"
 #include "nn/spec.hpp"
 #include "nn/workspace.hpp"
@@ -51,17 +55,71 @@ Model Model::build(const std::string& name_or_spec, const Shape& sample_shape, i
   model.sample_shape_ = sample_shape;
   model.num_classes_ = num_classes;
   model.precision_ = precision;
-  // The implicit flatten: layers see [batch, features].
+  const std::string spec = format_model_spec(layer_specs);
+  // Spatial layers see samples as (C,H,W); without any, the input is flattened implicitly, so
+  // "dense:..." specs behave as they always have.
+  bool spatial = false;
+  for (const auto& item : layer_specs)
+    spatial = spatial || item.kind == "conv" || item.kind == "maxpool" || item.kind == "avgpool" ||
+              item.kind == "gap";
   Shape shape{shape_numel(sample_shape)};
+  if (spatial) {
+    shape = sample_shape;
+    if (shape.size() == 2) shape.insert(shape.begin(), 1);  // (H,W): one channel
+    if (shape.size() != 3)
+      throw_user_error(std::string(kModelLayersOption) + " '" + spec +
+                           "': conv and pooling layers need (C,H,W) or (H,W) samples, but the "
+                           "data's samples are " +
+                           shape_to_string(sample_shape),
+                       "reshape the samples with --data.sample-shape=C,H,W, or use dense layers");
+  }
+  model.input_shape_ = shape;
   std::int64_t total_params = 0;
   for (std::size_t i = 0; i < layer_specs.size(); ++i) {
+    const LayerSpec& item = layer_specs[i];
     // Named by position, like the indices of PyTorch's nn.Sequential: dense0, relu1, dense2.
-    const std::string name = layer_specs[i].kind + std::to_string(i);
+    const std::string name = item.kind + std::to_string(i);
+    const auto need_planes = [&] {
+      if (shape.size() != 3)
+        throw_layer_error(spec, name, item,
+                          "needs a (C,H,W) input but gets " + shape_to_string(shape),
+                          "put conv and pooling layers before flatten, gap and dense layers");
+    };
+    const auto need_fit = [&](std::int64_t extent_h, std::int64_t extent_w) {
+      if (item.kernel > extent_h || item.kernel > extent_w)
+        throw_layer_error(spec, name, item,
+                          "kernel " + std::to_string(item.kernel) + " is larger than its input " +
+                              shape_to_string(shape) +
+                              (item.pad ? " padded by " + std::to_string(item.pad) : ""),
+                          "use a smaller kernel, more padding or fewer pooling layers before it");
+    };
     std::unique_ptr<Layer> layer;
-    if (layer_specs[i].kind == "dense")
-      layer = std::make_unique<Dense>(name, shape_numel(shape), layer_specs[i].size);
-    else
+    if (item.kind == "dense") {
+      if (shape.size() != 1)
+        throw_layer_error(spec, name, item,
+                          "a dense layer needs flat features but gets " + shape_to_string(shape),
+                          "put flatten (or gap) before it");
+      layer = std::make_unique<Dense>(name, shape_numel(shape), item.size);
+    } else if (item.kind == "conv") {
+      need_planes();
+      need_fit(shape[1] + 2 * item.pad, shape[2] + 2 * item.pad);
+      layer = std::make_unique<Conv2d>(name, shape, item.size, item.kernel, item.stride, item.pad);
+    } else if (item.kind == "maxpool" || item.kind == "avgpool") {
+      need_planes();
+      need_fit(shape[1], shape[2]);
+      layer = std::make_unique<Pool2dLayer>(
+          name, item.kind == "maxpool" ? PoolMode::max : PoolMode::average, shape, item.kernel,
+          item.stride);
+    } else if (item.kind == "gap") {
+      need_planes();
+      layer = std::make_unique<Pool2dLayer>(name, PoolMode::global_average, shape, 0, 0);
+    } else if (item.kind == "flatten") {
+      layer = std::make_unique<FlattenLayer>(name);
+    } else if (item.kind == "gelu") {
+      layer = std::make_unique<GeluLayer>(name, shape);
+    } else {
       layer = std::make_unique<ReluLayer>(name);
+    }
     shape = layer->output_shape(shape);
     for (const auto& param : layer->param_specs()) total_params += shape_numel(param.shape);
     model.output_shapes_.push_back(shape);
@@ -109,7 +167,9 @@ void Model::init_params(std::uint64_t seed) {
       float* data = master_params_.data<float>() + slot.offset;
       const float bound = specs[p].init_bound;
       for (std::int64_t i = 0; i < shape_numel(slot.shape); ++i)
-        data[i] = bound * (2.f * rng.uniform(static_cast<std::uint64_t>(i)) - 1.f);
+        // A zero bound (conv biases) gives +0 rather than a mix of signed zeros.
+        data[i] =
+            bound == 0.f ? 0.f : bound * (2.f * rng.uniform(static_cast<std::uint64_t>(i)) - 1.f);
     }
   }
   recast_from_master();
@@ -130,10 +190,18 @@ void Model::plan(std::int64_t max_batch) {
     shape.insert(shape.end(), output_shapes_[i].begin(), output_shapes_[i].end());
     // Activations are stored in the precision, except the logits, which softmax-xent reads in f32.
     const bool logits = i + 1 == layers_.size();
+    // A flatten after another layer shares that layer's buffers (the spec parser makes the last
+    // layer a dense, so a flatten is never the logits).
+    if (i > 0 && !logits && layers_[i]->output_aliases_input()) {
+      outputs_.push_back(Tensor::view(outputs_[i - 1], 0, shape));
+      output_grads_.push_back(Tensor::view(output_grads_[i - 1], 0, shape));
+      continue;
+    }
     outputs_.emplace_back(shape, logits ? DType::f32 : precision_);
     // The last layer's output gradient is the caller's dlogits.
     if (!logits) output_grads_.emplace_back(shape, precision_);
   }
+  for (auto& layer : layers_) layer->plan(max_batch, precision_);
   if (precision_ != DType::f32) {
     // f32 scratch for one block of rows of the widest dense layer (see nn/workspace.hpp).
     std::int64_t widest_in = 1, widest_out = 1, largest_weight = 1;
@@ -229,8 +297,12 @@ std::string Model::first_nonfinite_layer(const Tensor& x) {
 
 std::int64_t Model::activation_bytes() const {
   std::int64_t bytes = 0;
-  for (const auto& t : outputs_) bytes += static_cast<std::int64_t>(t.size_bytes());
-  for (const auto& t : output_grads_) bytes += static_cast<std::int64_t>(t.size_bytes());
+  for (std::size_t i = 0; i < outputs_.size(); ++i) {
+    if (i > 0 && i + 1 < outputs_.size() && layers_[i]->output_aliases_input()) continue;
+    bytes += static_cast<std::int64_t>(outputs_[i].size_bytes());
+    if (i < output_grads_.size()) bytes += static_cast<std::int64_t>(output_grads_[i].size_bytes());
+  }
+  for (const auto& layer : layers_) bytes += layer->scratch_bytes();
   if (workspace_)
     for (const Tensor* t : {&workspace_->input_rows, &workspace_->output_rows,
                             &workspace_->weight_grad, &workspace_->bias_grad})
@@ -265,7 +337,7 @@ std::string Model::spec() const {
 
 double Model::flops_per_sample() const {
   double total = 0;
-  Shape shape{shape_numel(sample_shape_)};
+  Shape shape = input_shape_;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     total += layers_[i]->flops_per_sample(shape);
     shape = output_shapes_[i];
@@ -282,7 +354,7 @@ std::string Model::summary() const {
   std::snprintf(line, sizeof line, "%-10s %-14s %14d %16d\n", "input",
                 shape_to_string(sample_shape_).c_str(), 0, 0);
   out << line;
-  Shape shape{shape_numel(sample_shape_)};
+  Shape shape = input_shape_;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     std::int64_t count = 0;
     for (const auto& param : layers_[i]->params()) count += param.value.numel();

@@ -48,6 +48,14 @@ class Layer {
   // Forward FLOPs per sample (a multiply-add is 2, an elementwise op 1).
   virtual double flops_per_sample(const Shape& input_shape) const = 0;
   virtual std::vector<ParamSpec> param_specs() const { return {}; }
+  // Sizes the layer's own scratch for batches of up to MAX_BATCH stored in PRECISION; called by
+  // Model::plan, so that forward and backward allocate nothing.
+  virtual void plan(std::int64_t /*max_batch*/, DType /*precision*/) {}
+  // Bytes of that scratch.
+  virtual std::int64_t scratch_bytes() const { return 0; }
+  // True when the output is the input under another shape (flatten): the model then makes the
+  // output and its gradient views of the input's buffers.
+  virtual bool output_aliases_input() const { return false; }
 
   // Hands the layer its views, in param_specs() order; called once by the model.
   void bind_params(std::vector<Tensor> values, std::vector<Tensor> grads);
@@ -77,10 +85,14 @@ class Layer {
 
 class Model {
  public:
-  // NAME_OR_SPEC is a model name ("mlp" = dense:1024,relu,dense:1024,relu,dense:NUM_CLASSES)
-  // or a comma list of layers ("dense:1024,relu,dense:10"). The input is flattened first.
-  // Throws UserError naming --model.layers when the spec is malformed or its last layer does
-  // not output NUM_CLASSES features. Parameters are allocated (zero) but not initialised.
+  // NAME_OR_SPEC is a model name ("mlp" = dense:1024,relu,dense:1024,relu,dense:NUM_CLASSES;
+  // "cnn" = conv:32:5:pad=2,relu,maxpool:2,conv:64:5:pad=2,relu,maxpool:2,flatten,dense:512,
+  // relu,dense:NUM_CLASSES) or a comma list of layers. Without a conv or pooling layer the
+  // input is flattened first (the MLP case). With one, samples keep their (C,H,W) shape (an
+  // (H,W) sample is (1,H,W)), and a dense layer after a 3-D shape needs an explicit flatten.
+  // Throws UserError naming --model.layers and the layer when the spec is malformed, shapes do
+  // not chain, a kernel is larger than its input, or the last layer does not output
+  // NUM_CLASSES features. Parameters are allocated (zero) but not initialised.
   // PRECISION (f32, f16 or bf16; anything else aborts, the CLI validates the option) is the
   // storage type of the working weights, the activations and the gradients; layers compute in
   // f32 either way, and the logits are f32.
@@ -91,8 +103,9 @@ class Model {
   Model& operator=(Model&&) noexcept;
   ~Model();
 
-  // PyTorch nn.Linear's default: weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)), parameter k
-  // drawn from CounterRng(seed, k), so the result is a pure function of SEED. Writes the FP32
+  // Each parameter ~ U(-bound, bound) with its layer's bound (dense: PyTorch nn.Linear's
+  // default 1/sqrt(in); conv: He uniform sqrt(6/fan_in), bias 0), parameter k drawn from
+  // CounterRng(seed, k), so the result is a pure function of SEED. Writes the FP32
   // masters, then recasts the working copy.
   void init_params(std::uint64_t seed);
   // Working copy := master_params() rounded to the precision (to nearest even), and the f32
@@ -155,6 +168,7 @@ class Model {
   const Tensor& flat_input(const Tensor& x);
 
   Shape sample_shape_;
+  Shape input_shape_;  // what the first layer sees: (features) or (C,H,W)
   int num_classes_ = 0;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Shape> output_shapes_;  // per sample, one per layer

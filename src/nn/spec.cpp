@@ -10,10 +10,11 @@ namespace mpt::nn {
 
 namespace {
 
-constexpr const char* kOption = "--model.layers";
+constexpr const char* kOption = kModelLayersOption;
 constexpr const char* kKnownKinds =
-    "known layers are dense:N (N output features) and relu, comma-separated, e.g. "
-    "dense:1024,relu,dense:10; known models are mlp";
+    "known layers are dense:N, conv:C_OUT:K[:stride=S][:pad=P], maxpool:K[:stride=S], "
+    "avgpool:K[:stride=S], gap, flatten, relu and gelu, comma-separated, e.g. "
+    "conv:32:5:pad=2,relu,maxpool:2,flatten,dense:10; known models are mlp and cnn";
 
 std::string trim(const std::string& text) {
   std::size_t begin = 0, end = text.size();
@@ -26,26 +27,68 @@ std::string trim(const std::string& text) {
   throw_user_error(std::string(kOption) + " '" + spec + "': " + problem, kKnownKinds);
 }
 
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  std::size_t begin = 0;
+  while (true) {
+    const auto at = text.find(separator, begin);
+    parts.push_back(trim(text.substr(begin, at - begin)));
+    if (at == std::string::npos) return parts;
+    begin = at + 1;
+  }
+}
+
+// A whole decimal number >= MINIMUM, or nothing.
+bool parse_number(const std::string& text, std::int64_t minimum, std::int64_t& value) {
+  const char* first = text.data();
+  const char* last = first + text.size();
+  const auto [end, error] = std::from_chars(first, last, value);
+  return !text.empty() && error == std::errc() && end == last && value >= minimum;
+}
+
 LayerSpec parse_item(const std::string& spec, const std::string& item) {
   if (item.empty()) bad_spec(spec, "empty layer in the list");
-  const auto colon = item.find(':');
-  const std::string kind = trim(item.substr(0, colon));
-  const bool has_argument = colon != std::string::npos;
-  const std::string argument = has_argument ? trim(item.substr(colon + 1)) : std::string();
-  if (kind == "relu") {
-    if (has_argument) bad_spec(spec, "'" + item + "': relu takes no argument");
-    return {"relu", 0};
+  const auto parts = split(item, ':');
+  const std::string& kind = parts[0];
+  LayerSpec layer;
+  layer.kind = kind;
+  layer.item = item;
+  const auto fail = [&](const std::string& usage) -> void {
+    bad_spec(spec, "'" + item + "': " + usage);
+  };
+  if (kind == "relu" || kind == "gelu" || kind == "flatten" || kind == "gap") {
+    if (parts.size() > 1) fail(kind + " takes no argument");
+    return layer;
   }
   if (kind == "dense") {
-    std::int64_t size = 0;
-    const char* first = argument.data();
-    const char* last = first + argument.size();
-    const auto [end, error] = std::from_chars(first, last, size);
-    if (!has_argument || argument.empty() || error != std::errc() || end != last || size <= 0)
-      bad_spec(spec, "'" + item +
-                         "': dense needs a positive number of output features, "
-                         "as in dense:1024");
-    return {"dense", size};
+    if (parts.size() != 2 || !parse_number(parts[1], 1, layer.size))
+      fail("dense needs a positive number of output features, as in dense:1024");
+    return layer;
+  }
+  if (kind == "conv" || kind == "maxpool" || kind == "avgpool") {
+    const bool conv = kind == "conv";
+    const std::string usage =
+        conv ? "conv needs output channels and a kernel size, then optional stride= and pad=, "
+               "all positive (pad >= 0), as in conv:32:5:stride=1:pad=2"
+             : kind + " needs a kernel size, then an optional positive stride=, as in " + kind +
+                   ":2:stride=2";
+    const std::size_t positional = conv ? 2 : 1;
+    if (parts.size() < positional + 1) fail(usage);
+    if (conv && !parse_number(parts[1], 1, layer.size)) fail(usage);
+    if (!parse_number(parts[positional], 1, layer.kernel)) fail(usage);
+    layer.stride = conv ? 1 : layer.kernel;
+    for (std::size_t i = positional + 1; i < parts.size(); ++i) {
+      const auto equals = parts[i].find('=');
+      const std::string key = trim(parts[i].substr(0, equals));
+      const std::string value =
+          equals == std::string::npos ? std::string() : trim(parts[i].substr(equals + 1));
+      if (equals != std::string::npos && key == "stride" && parse_number(value, 1, layer.stride))
+        continue;
+      if (conv && equals != std::string::npos && key == "pad" && parse_number(value, 0, layer.pad))
+        continue;
+      fail(usage);
+    }
+    return layer;
   }
   bad_spec(spec, "unknown layer '" + kind + "'");
 }
@@ -54,26 +97,26 @@ LayerSpec parse_item(const std::string& spec, const std::string& item) {
 
 std::vector<LayerSpec> parse_model_spec(const std::string& name_or_spec, int num_classes) {
   std::string spec = trim(name_or_spec);
-  if (spec == "mlp") spec = "dense:1024,relu,dense:1024,relu,dense:" + std::to_string(num_classes);
+  const std::string classes = std::to_string(num_classes);
+  if (spec == "mlp") spec = "dense:1024,relu,dense:1024,relu,dense:" + classes;
+  if (spec == "cnn")
+    spec =
+        "conv:32:5:pad=2,relu,maxpool:2,conv:64:5:pad=2,relu,maxpool:2,flatten,dense:512,relu,"
+        "dense:" +
+        classes;
   if (spec.empty()) bad_spec(spec, "no layers given");
   std::vector<LayerSpec> layers;
-  std::size_t begin = 0;
-  while (true) {
-    const auto comma = spec.find(',', begin);
-    layers.push_back(parse_item(spec, trim(spec.substr(begin, comma - begin))));
-    if (comma == std::string::npos) break;
-    begin = comma + 1;
-  }
+  for (const auto& item : split(spec, ',')) layers.push_back(parse_item(spec, item));
   const LayerSpec& last = layers.back();
   if (last.kind != "dense")
     throw_user_error(std::string(kOption) + " '" + spec + "': the last layer is " + last.kind +
                          ", but it must be the dense layer that outputs the class scores",
-                     "end the list with dense:" + std::to_string(num_classes));
+                     "end the list with dense:" + classes);
   if (last.size != num_classes)
     throw_user_error(std::string(kOption) + " '" + spec + "': the last layer outputs " +
-                         std::to_string(last.size) + " features but the data has " +
-                         std::to_string(num_classes) + " classes",
-                     "end the list with dense:" + std::to_string(num_classes));
+                         std::to_string(last.size) + " features but the data has " + classes +
+                         " classes",
+                     "end the list with dense:" + classes);
   return layers;
 }
 
@@ -82,12 +125,22 @@ std::string format_model_spec(const std::vector<LayerSpec>& layers) {
   for (const auto& layer : layers) {
     if (!text.empty()) text += ',';
     text += layer.kind;
-    if (layer.kind == "dense") {
-      text += ':';
-      text += std::to_string(layer.size);
-    }
+    if (layer.kind == "dense" || layer.kind == "conv") text += ':' + std::to_string(layer.size);
+    if (layer.kind == "conv" || layer.kind == "maxpool" || layer.kind == "avgpool")
+      text += ':' + std::to_string(layer.kernel);
+    if ((layer.kind == "conv" && layer.stride != 1) ||
+        ((layer.kind == "maxpool" || layer.kind == "avgpool") && layer.stride != layer.kernel))
+      text += ":stride=" + std::to_string(layer.stride);
+    if (layer.kind == "conv" && layer.pad != 0) text += ":pad=" + std::to_string(layer.pad);
   }
   return text;
+}
+
+void throw_layer_error(const std::string& spec, const std::string& name, const LayerSpec& layer,
+                       const std::string& problem, const std::string& hint) {
+  throw_user_error(std::string(kOption) + " '" + spec + "': layer " + name + " ('" + layer.item +
+                       "'): " + problem,
+                   hint);
 }
 
 }  // namespace mpt::nn

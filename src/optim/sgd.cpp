@@ -43,4 +43,9 @@ void Sgd::step(float lr) {
   ++steps_;
 }
 
+std::vector<StateTensor> Sgd::state() {
+  if (!momentum_buffer_.defined()) return {};
+  return {{"momentum_buffer", momentum_buffer_}};
+}
+
 }  // namespace mpt::optim

@@ -66,11 +66,29 @@ struct PrecisionConfig {
 };
 
 struct OptimizerConfig {
-  std::string name = "sgd";
-  double lr = 0.05;
-  double momentum = 0.9;
-  double weight_decay = 0.0;
-  bool nesterov = false;
+  std::string name = "sgd";  // sgd | adamw
+  double lr = 0.05;          // base LR, before lr_scaling and the schedule
+  double momentum = 0.9;     // sgd
+  double weight_decay = 0.0;  // sgd: L2 in the gradient; adamw: decoupled
+  bool nesterov = false;      // sgd
+  double beta1 = 0.9;         // adamw
+  double beta2 = 0.999;       // adamw
+  double eps = 1e-8;          // adamw
+  bool decay_biases = false;  // adamw: also decay parameters named */bias
+  std::string lr_scaling = "none";  // none | linear (lr * global batch / reference_batch)
+  std::int64_t reference_batch = 256;
+  double clip_norm = 0;  // > 0: clip the global gradient norm to this
+};
+
+// The learning-rate schedule (optim::ScheduleOptions), in applied optimizer steps.
+struct ScheduleConfig {
+  std::string name = "constant";  // constant | step | cosine | one-cycle
+  std::int64_t warmup_steps = 0;
+  std::int64_t step_size = 0;  // step
+  double gamma = 0.1;          // step
+  double min_lr = 0;           // cosine
+  double max_lr = 0;           // one-cycle; 0: the (scaled) base LR
+  double pct_start = 0.3;      // one-cycle
 };
 
 struct RunConfig {
@@ -78,6 +96,7 @@ struct RunConfig {
   ModelConfig model;
   LoopConfig loop;
   OptimizerConfig optimizer;
+  ScheduleConfig schedule;
   PrecisionConfig amp;
   std::string output_dir;
   // Test hook, from the environment variable MPTRAIN_FAULT (docs/testing.md): "KIND:RANK:STEP".
@@ -100,6 +119,10 @@ struct TrainSummary {
   double loss_scale = 1;          // at the end
   std::int64_t skipped_steps = 0;  // steps skipped for non-finite gradients or loss
   std::int64_t skipped_samples = 0;  // samples skipped for non-finite values (--data.on-nonfinite=skip)
+  std::int64_t optimizer_steps = 0;  // applied updates: steps - skipped_steps
+  double base_lr = 0;   // --optimizer.lr after --optimizer.lr-scaling
+  double last_lr = 0;   // the scheduled LR of the last applied update (0: none applied)
+  double grad_norm = -1;  // pre-clip global gradient norm of the last applied update (-1: clipping off)
 };
 
 // One data-parallel training run. Construction is the agreed setup (data, model, optimizer,

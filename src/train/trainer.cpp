@@ -1,5 +1,6 @@
 // The data-parallel training loop: every rank reads its shard, runs forward and backward on
 // planned buffers, and the ranks average gradients before an identical optimizer step.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -105,6 +106,43 @@ Fault parse_fault(const std::string& text) {
   return fault;
 }
 
+optim::AdamwOptions adamw_options(const OptimizerConfig& config) {
+  optim::AdamwOptions options;
+  options.lr = static_cast<float>(config.lr);
+  options.beta1 = static_cast<float>(config.beta1);
+  options.beta2 = static_cast<float>(config.beta2);
+  options.eps = static_cast<float>(config.eps);
+  options.weight_decay = static_cast<float>(config.weight_decay);
+  return options;
+}
+
+optim::ScheduleOptions schedule_options(const ScheduleConfig& config) {
+  optim::ScheduleOptions options;
+  options.name = config.name;
+  options.warmup_steps = config.warmup_steps;
+  options.step_size = config.step_size;
+  options.gamma = config.gamma;
+  options.min_lr = config.min_lr;
+  options.max_lr = config.max_lr;
+  options.pct_start = config.pct_start;
+  return options;
+}
+
+// AdamW's decay mask over the flat FP32 masters, from the model's parameter names. Norm layers'
+// scales and shifts would join the undecayed set here by name when they exist.
+Tensor decay_mask(nn::Model& model, bool decay_biases) {
+  const auto* base = static_cast<const float*>(model.master_params().raw());
+  std::vector<optim::ParamRange> ranges;
+  for (const auto& param : model.named_params()) {
+    // NamedParam values are contiguous views of the flat master buffer.
+    if (param.value.dtype() != DType::f32)
+      abort_job("Trainer: parameter " + param.name + " is not a view of the FP32 masters");
+    ranges.push_back({param.name, static_cast<const float*>(param.value.raw()) - base,
+                      param.value.numel()});
+  }
+  return optim::decay_mask(model.master_params().numel(), ranges, decay_biases);
+}
+
 void validate(const RunConfig& config) {
   MPT_REQUIRE(!config.data.train_path.empty(), "no training data given (--data.train)",
               "set [data] train = PATH in the config or pass --data.train=PATH");
@@ -115,15 +153,18 @@ void validate(const RunConfig& config) {
   MPT_REQUIRE(config.loop.max_steps >= 0, "--train.max-steps must be >= 0",
               "0 means no limit besides --train.epochs");
   MPT_REQUIRE(config.loop.log_every > 0, "--train.log-every must be positive", "e.g. 50");
-  MPT_REQUIRE(config.optimizer.name == "sgd",
+  MPT_REQUIRE(config.optimizer.name == "sgd" || config.optimizer.name == "adamw",
               "unknown optimizer '" + config.optimizer.name + "' (--optimizer.name)",
-              "this version has: sgd");
+              "use sgd or adamw");
   MPT_REQUIRE(config.optimizer.lr > 0 && std::isfinite(config.optimizer.lr),
               "--optimizer.lr must be a positive number", "e.g. --optimizer.lr=0.05");
   MPT_REQUIRE(config.optimizer.momentum >= 0 && config.optimizer.momentum < 1,
               "--optimizer.momentum must be in [0, 1)", "e.g. --optimizer.momentum=0.9");
   MPT_REQUIRE(config.optimizer.weight_decay >= 0, "--optimizer.weight-decay must be >= 0",
               "e.g. --optimizer.weight-decay=5e-4");
+  MPT_REQUIRE(std::isfinite(config.optimizer.clip_norm) && config.optimizer.clip_norm >= 0,
+              "--optimizer.clip-norm must be >= 0",
+              "0 turns clipping off; e.g. --optimizer.clip-norm=1");
   MPT_REQUIRE(config.data.chunk_cache_mb >= 0, "--data.chunk-cache-mb must be >= 0", "e.g. 64");
   const auto& amp = config.amp;
   MPT_REQUIRE(amp.precision == "fp32" || amp.precision == "fp16" || amp.precision == "bf16",
@@ -222,6 +263,9 @@ struct Trainer::State {
   std::optional<amp::LossScaler> scaler;
   Fault fault;
   std::optional<data::ShardPlan> plan;
+  std::int64_t total_steps = 0;  // of this run: epochs x steps per epoch, capped by max-steps
+  double base_lr = 0;            // --optimizer.lr after --optimizer.lr-scaling
+  std::optional<optim::Schedule> schedule;
   MetricsLog metrics;
   InputPipeline input;  // last: its I/O threads use the members above
 };
@@ -262,6 +306,16 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
     state_->fault = parse_fault(config.fault);
     plan.emplace(info.num_samples, config.loop.batch_size, world.size(), world.rank(),
                  config.loop.seed, shard_options_for(config.data, info));
+    state_->total_steps = config.loop.epochs * plan->steps_per_epoch();
+    if (config.loop.max_steps > 0)
+      state_->total_steps = std::min(state_->total_steps, config.loop.max_steps);
+    // The optimizer and schedule options are checked here, where a mistake ends every rank
+    // cleanly; the optimizer itself is built in run(), beside the buffers it updates.
+    state_->base_lr = optim::scaled_lr(config.optimizer.lr, config.optimizer.lr_scaling,
+                                       plan->global_batch(), config.optimizer.reference_batch);
+    if (config.optimizer.name == "adamw") optim::validate(adamw_options(config.optimizer));
+    state_->schedule.emplace(schedule_options(config.schedule), state_->base_lr,
+                             state_->total_steps);
     state_->input.plan(config.data, world, *train_reader, [&] {
       return std::make_unique<data::DatasetReader>(config.data.train_path,
                                                    reader_options(config.data, "--data.train"));
@@ -326,21 +380,41 @@ TrainSummary Trainer::run() {
   world.broadcast(model->master_params(), 0);
   model->recast_from_master();  // the 16-bit working copy (a no-op under fp32)
 
-  optim::SgdOptions sgd_options;
-  sgd_options.lr = static_cast<float>(config.optimizer.lr);
-  sgd_options.momentum = static_cast<float>(config.optimizer.momentum);
-  sgd_options.weight_decay = static_cast<float>(config.optimizer.weight_decay);
-  sgd_options.nesterov = config.optimizer.nesterov;
   // The optimizer updates the FP32 masters from FP32 gradients; the working copy is recast.
-  optim::Sgd optimizer(model->master_params(), model->master_grads(), sgd_options);
+  std::unique_ptr<optim::Optimizer> optimizer;
+  if (config.optimizer.name == "adamw") {
+    optimizer = std::make_unique<optim::AdamW>(model->master_params(), model->master_grads(),
+                                               adamw_options(config.optimizer),
+                                               decay_mask(*model, config.optimizer.decay_biases));
+  } else {
+    optim::SgdOptions sgd_options;
+    sgd_options.lr = static_cast<float>(config.optimizer.lr);
+    sgd_options.momentum = static_cast<float>(config.optimizer.momentum);
+    sgd_options.weight_decay = static_cast<float>(config.optimizer.weight_decay);
+    sgd_options.nesterov = config.optimizer.nesterov;
+    optimizer = std::make_unique<optim::Sgd>(model->master_params(), model->master_grads(),
+                                             sgd_options);
+  }
   // Under 16 bits the optimizer also recasts the working copy, in the same pass over the masters.
   const bool sixteen_bit = model->precision() != DType::f32;
-  if (sixteen_bit) optimizer.recast_into(model->params(), model->compute_params());
+  if (sixteen_bit) optimizer->recast_into(model->params(), model->compute_params());
+  const optim::Schedule& schedule = *state_->schedule;
+  const double clip_norm = config.optimizer.clip_norm;
+  if (root) {
+    std::printf("optimizer %s, base lr %g", config.optimizer.name.c_str(), state_->base_lr);
+    if (config.optimizer.lr_scaling == "linear")
+      std::printf(" (linear scaling: %g x global batch %lld / reference batch %lld)",
+                  config.optimizer.lr, static_cast<long long>(global_batch),
+                  static_cast<long long>(config.optimizer.reference_batch));
+    std::printf(", schedule %s, clip-norm %g\n", config.schedule.name.c_str(), clip_norm);
+    std::fflush(stdout);
+  }
   amp::LossScaler& scaler = *state_->scaler;
   const bool skip_nonfinite_loss = config.amp.on_nonfinite_loss == "skip";
   comm::GradientReducer reducer(world);
   const float grad_scale = 1.0f / static_cast<float>(global_batch);
-  const float lr = static_cast<float>(config.optimizer.lr);
+  double lr = schedule.lr(0);  // the LR of the last applied update, as logged
+  double grad_norm = -1;       // the pre-clip norm of the last applied update (-1: not computed)
   // Samples this rank's readers left out for non-finite values (--data.on-nonfinite=skip).
   const auto skipped_samples = [&] {
     std::int64_t count = train_reader->skipped_nonfinite();
@@ -403,7 +477,11 @@ TrainSummary Trainer::run() {
                                                      static_cast<float>(1.0 / loss_scale));
       const auto decision = scaler.update(finite);
       if (decision.apply_step) {
-        optimizer.step(lr);  // and, under 16 bits, the recast of the working copy
+        // The masters hold the unscaled, all-reduced gradients: the same norm on every rank.
+        if (clip_norm > 0) grad_norm = optim::clip_by_global_norm(model->master_grads(), clip_norm);
+        // Applied steps only: a skipped step does not advance the schedule.
+        lr = schedule.lr(optimizer->steps());
+        optimizer->step(static_cast<float>(lr));  // and, under 16 bits, the recast
       } else if (root) {
         std::printf("step %lld: gradient overflow%s, loss scale %g -> %g, step skipped (%lld skipped so far)\n",
                     static_cast<long long>(step + 1), loss_finite ? "" : " or non-finite loss",
@@ -435,16 +513,17 @@ TrainSummary Trainer::run() {
         std::printf("step %lld/%lld  epoch %lld  loss %.4f  train_acc %.4f  lr %g  %.0f samples/s"
                     "  data_wait %.1f%%\n",
                     static_cast<long long>(step), static_cast<long long>(total_steps),
-                    static_cast<long long>(epoch), loss, window[1] / window[2], config.optimizer.lr,
+                    static_cast<long long>(epoch), loss, window[1] / window[2], lr,
                     samples_per_s, 100 * data_wait_fraction);
         std::fflush(stdout);
         JsonObject record;
         record.add("step", step).add("epoch", epoch).add("loss", loss)
-            .add("train_accuracy", window[1] / window[2]).add("lr", config.optimizer.lr)
+            .add("train_accuracy", window[1] / window[2]).add("lr", lr)
             .add("samples_per_s", samples_per_s).add("window_steps", window_steps)
             .add("data_wait_s", window_max[1]).add("data_wait_fraction", data_wait_fraction)
             .add("loss_scale", scaler.scale()).add("skipped_steps", scaler.state().skipped_steps)
             .add("skipped_samples", static_cast<std::int64_t>(window[3]));
+        if (grad_norm >= 0) record.add("grad_norm", grad_norm);
         metrics.write(record);
       }
       summary.skipped_samples = static_cast<std::int64_t>(window[3]);
@@ -481,6 +560,10 @@ TrainSummary Trainer::run() {
   summary.loss_scale = scaler.scale();
   summary.skipped_steps = scaler.state().skipped_steps;
   summary.final_train_loss = last_window_loss;
+  summary.optimizer_steps = optimizer->steps();
+  summary.base_lr = state_->base_lr;
+  summary.last_lr = optimizer->steps() > 0 ? lr : 0;
+  summary.grad_norm = grad_norm;
   // The slowest rank sets the pace of synchronous training.
   double run_max[2] = {train_seconds, total_data_wait};
   world.allreduce_max(run_max, 2);

@@ -42,6 +42,10 @@ expect_error "batch larger than dataset" 2 "--train.batch-size" \
   train --data.train="$D/train.h5" --train.batch-size=100000 --output.dir="$TMP/o"
 expect_error "bad model spec" 2 "--model.layers" \
   train --data.train="$D/train.h5" --model.layers=dense:10,sigmoid,dense:10 --output.dir="$TMP/o"
+expect_error "unknown optimizer" 2 "unknown optimizer 'adam' (--optimizer.name)" \
+  train --data.train="$D/train.h5" --optimizer.name=adam --output.dir="$TMP/o"
+expect_error "unknown schedule" 2 "unknown schedule 'cosin' (--schedule.name)" \
+  train --data.train="$D/train.h5" --schedule.name=cosin --output.dir="$TMP/o"
 expect_error "unknown command" 2 "unknown command 'trian'" trian
 expect_error "unknown prepare kind" 1 "unknown dataset 'cifar'" prepare cifar --out "$TMP/x"
 expect_error "missing fashion-mnist source" 1 "$TMP/nosrc" prepare fashion-mnist --source "$TMP/nosrc" --out "$TMP/x"

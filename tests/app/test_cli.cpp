@@ -106,9 +106,28 @@ TEST(Cli, HelpListsEveryOptionWithDefaults) {
   const auto parsed = parse_train_command("train", {"--help"});
   ASSERT_TRUE(parsed.help);
   for (const char* name : {"--data.train", "--model.layers", "--train.batch-size", "--optimizer.lr",
-                           "--output.dir", "--checkpoint.dir", "--device", "--config"})
+                           "--output.dir", "--checkpoint.dir", "--device", "--config",
+                           "--optimizer.beta1", "--optimizer.clip-norm", "--optimizer.lr-scaling",
+                           "--optimizer.decay-biases", "--schedule.name", "--schedule.warmup-steps",
+                           "--schedule.min-lr", "--schedule.pct-start"})
     EXPECT_NE(parsed.help_text.find(name), std::string::npos) << name;
   EXPECT_NE(parsed.help_text.find("(=0.05)"), std::string::npos);
+}
+
+TEST(Cli, OptimizerAndScheduleSectionsInTheConfigFile) {
+  const auto ini = write_ini("o.ini",
+                             "[optimizer]\nname = adamw\nbeta2 = 0.95\nclip-norm = 1\n"
+                             "lr-scaling = linear\n[schedule]\nname = cosine\nwarmup-steps = 100\n");
+  const auto parsed = parse_train_command("train", {"--config", ini, "--schedule.min-lr=1e-5"});
+  EXPECT_EQ(parsed.run.optimizer.name, "adamw");
+  EXPECT_DOUBLE_EQ(parsed.run.optimizer.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(parsed.run.optimizer.clip_norm, 1.0);
+  EXPECT_EQ(parsed.run.optimizer.lr_scaling, "linear");
+  EXPECT_EQ(parsed.run.optimizer.reference_batch, 256);
+  EXPECT_FALSE(parsed.run.optimizer.decay_biases);
+  EXPECT_EQ(parsed.run.schedule.name, "cosine");
+  EXPECT_EQ(parsed.run.schedule.warmup_steps, 100);
+  EXPECT_DOUBLE_EQ(parsed.run.schedule.min_lr, 1e-5);
 }
 
 TEST(Cli, EvalTakesCheckpointDirFromConfig) {

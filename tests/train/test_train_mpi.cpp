@@ -10,6 +10,7 @@
 
 #include "comm/comm.hpp"
 #include "data/data.hpp"
+#include "optim/optim.hpp"
 #include "train/train.hpp"
 
 namespace mpt::train {
@@ -197,6 +198,73 @@ TEST_F(TrainMpi, SixteenBitTrainingKeepsRanksIdenticalAndLearns) {
     world.broadcast(root_copy, 0);
     EXPECT_EQ(std::memcmp(root_copy.raw(), params.raw(), params.size_bytes()), 0) << precision;
   }
+}
+
+// AdamW with decoupled decay (biases undecayed), a warmed-up cosine schedule and clipping by
+// global norm: every rank applies the same update, so the weights stay bit-identical.
+TEST_F(TrainMpi, AdamwCosineClippingKeepsRanksIdentical) {
+  comm::World world;
+  RunConfig c = config(8, 20);
+  c.optimizer.name = "adamw";
+  c.optimizer.lr = 1e-2;
+  c.optimizer.weight_decay = 0.05;
+  c.optimizer.clip_norm = 0.05;  // small enough to clip on this data
+  c.schedule.name = "cosine";
+  c.schedule.warmup_steps = 5;
+  c.schedule.min_lr = 1e-3;
+  Trainer trainer(c, world);
+  const auto summary = trainer.run();
+  EXPECT_EQ(summary.optimizer_steps, 20);
+  EXPECT_TRUE(std::isfinite(summary.final_train_loss));
+  EXPECT_GT(summary.grad_norm, 0);
+  optim::ScheduleOptions o;
+  o.name = "cosine";
+  o.warmup_steps = 5;
+  o.min_lr = 1e-3;
+  EXPECT_DOUBLE_EQ(summary.last_lr, optim::Schedule(o, 1e-2, 20).lr(19));
+  const Tensor& params = trainer.params();
+  Tensor root_copy({static_cast<std::int64_t>(params.size_bytes())}, DType::u8);
+  std::memcpy(root_copy.raw(), params.raw(), params.size_bytes());
+  world.broadcast(root_copy, 0);
+  EXPECT_EQ(std::memcmp(root_copy.raw(), params.raw(), params.size_bytes()), 0);
+}
+
+// A step skipped for a gradient overflow does not advance the schedule: after 10 steps with one
+// skipped, the last update used the LR of applied step 8, not 9.
+TEST_F(TrainMpi, SkippedStepDoesNotAdvanceTheSchedule) {
+  comm::World world;
+  RunConfig c = config(8, 10);
+  c.amp.precision = "fp16";
+  c.optimizer.name = "adamw";
+  c.optimizer.lr = 1e-2;
+  c.schedule.name = "cosine";
+  optim::ScheduleOptions o;
+  o.name = "cosine";
+  const optim::Schedule schedule(o, 1e-2, 10);
+  Trainer clean(c, world);
+  const auto clean_summary = clean.run();
+  ASSERT_GE(clean_summary.optimizer_steps, 2);
+  EXPECT_EQ(clean_summary.optimizer_steps, 10 - clean_summary.skipped_steps);
+  EXPECT_DOUBLE_EQ(clean_summary.last_lr, schedule.lr(clean_summary.optimizer_steps - 1));
+
+  c.fault = "nan-grad:" + std::to_string(world.size() - 1) + ":4";
+  Trainer faulty(c, world);
+  const auto summary = faulty.run();
+  EXPECT_EQ(summary.skipped_steps, clean_summary.skipped_steps + 1);
+  EXPECT_EQ(summary.optimizer_steps, clean_summary.optimizer_steps - 1);
+  EXPECT_DOUBLE_EQ(summary.last_lr, schedule.lr(summary.optimizer_steps - 1));
+  EXPECT_NE(summary.last_lr, clean_summary.last_lr);
+}
+
+TEST_F(TrainMpi, LinearLrScalingUsesTheGlobalBatch) {
+  comm::World world;
+  RunConfig c = config(8, 2);
+  c.optimizer.lr_scaling = "linear";
+  c.optimizer.reference_batch = 4;
+  Trainer trainer(c, world);
+  const auto summary = trainer.run();
+  EXPECT_DOUBLE_EQ(summary.base_lr, 0.1 * 8 * world.size() / 4);
+  EXPECT_DOUBLE_EQ(summary.last_lr, summary.base_lr);  // constant schedule
 }
 
 }  // namespace

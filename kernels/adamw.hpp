@@ -1,0 +1,43 @@
+// AdamW (Adam with decoupled weight decay), with exactly the update rule of PyTorch's
+// torch.optim.AdamW (amsgrad off), over flat f32 buffers with an optional per-element decay mask.
+#pragma once
+
+#include "core/tensor.hpp"
+#include "kernels/check.hpp"
+
+namespace mpt::kernels {
+
+// Scalars of one AdamW step. The bias corrections are computed by the caller in double from the
+// step count t (1-based): bias_correction1 = 1 - beta1^t, bias_correction2 = 1 - beta2^t.
+struct AdamwStep {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.f;
+  double bias_correction1 = 1;
+  double bias_correction2 = 1;
+};
+
+namespace host {
+void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
+                  const Tensor* decay_mask, const AdamwStep& step, Tensor* rounded,
+                  Tensor* widened);
+}  // namespace host
+
+// One AdamW step, in place on PARAMS, EXP_AVG (m) and EXP_AVG_SQ (v); all f32 with the same
+// number of elements:
+//   p *= 1 - lr * weight_decay * mask           (decoupled decay; mask 1 everywhere if null)
+//   m = beta1 * m + (1 - beta1) * g
+//   v = beta2 * v + (1 - beta2) * g * g
+//   p -= (lr / bias_correction1) * m / (sqrt(v) / sqrt(bias_correction2) + eps)
+// DECAY_MASK, when given, is u8 (0: no decay for this element, e.g. a bias). ROUNDED and WIDENED
+// are the fused recast of mixed precision, as in kernels::sgd_update.
+inline void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
+                         const Tensor* decay_mask, const AdamwStep& step, Tensor* rounded = nullptr,
+                         Tensor* widened = nullptr) {
+  if (params.device() != Device::cpu) detail::built_without_cuda("kernels::adamw_update");
+  host::adamw_update(params, grads, exp_avg, exp_avg_sq, decay_mask, step, rounded, widened);
+}
+
+}  // namespace mpt::kernels

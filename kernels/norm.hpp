@@ -1,0 +1,21 @@
+// Reductions for gradient clipping by global norm: the sum of squares of a flat buffer in
+// double, so that a large model's norm does not lose the small gradients to f32 rounding.
+#pragma once
+
+#include "core/tensor.hpp"
+#include "kernels/check.hpp"
+
+namespace mpt::kernels {
+
+namespace host {
+double sum_of_squares(const Tensor& x);
+}  // namespace host
+
+// sum_i x_i^2 over an f32 tensor of any shape, accumulated in double (per chunk, then across
+// chunks with a Kokkos parallel_reduce). The L2 norm is its square root.
+inline double sum_of_squares(const Tensor& x) {
+  if (x.device() != Device::cpu) detail::built_without_cuda("kernels::sum_of_squares");
+  return host::sum_of_squares(x);
+}
+
+}  // namespace mpt::kernels

@@ -1,0 +1,125 @@
+// Conv2d forward and backward, one sample at a time: im2col unfolds the sample's windows into
+// col_ (planned once), and the work is a matmul with the (C_out, C_in*K*K) weight matrix.
+#include "nn/conv2d.hpp"
+
+#include <cmath>
+
+#include "core/error.hpp"
+#include "kernels/matmul.hpp"
+
+namespace mpt::nn {
+
+namespace {
+constexpr std::size_t kWeight = 0, kBias = 1;
+constexpr std::size_t kInSlot = 0, kOutSlot = 1, kDoutSlot = 2, kDinSlot = 3;
+}  // namespace
+
+Conv2d::Conv2d(std::string name, const Shape& input_shape, std::int64_t out_channels,
+               std::int64_t kernel, std::int64_t stride, std::int64_t pad)
+    : Layer(std::move(name)), out_channels_(out_channels) {
+  if (input_shape.size() != 3 || out_channels < 1 || kernel < 1 || stride < 1 || pad < 0 ||
+      kernel > input_shape[1] + 2 * pad || kernel > input_shape[2] + 2 * pad)
+    abort_job("nn::Conv2d " + this->name() + ": bad geometry for input " +
+              shape_to_string(input_shape));
+  geometry_ = {input_shape[0], input_shape[1], input_shape[2], kernel, stride, pad};
+}
+
+std::string Conv2d::spec() const {
+  std::string text =
+      "conv:" + std::to_string(out_channels_) + ":" + std::to_string(geometry_.kernel);
+  if (geometry_.stride != 1) text += ":stride=" + std::to_string(geometry_.stride);
+  if (geometry_.pad != 0) text += ":pad=" + std::to_string(geometry_.pad);
+  return text;
+}
+
+Shape Conv2d::output_shape(const Shape&) const {
+  return {out_channels_, geometry_.out_height(), geometry_.out_width()};
+}
+
+double Conv2d::flops_per_sample(const Shape&) const {
+  // A multiply-add per weight per output position, plus the bias add.
+  const double positions = static_cast<double>(geometry_.col_columns());
+  return positions * static_cast<double>(out_channels_) *
+         (2.0 * static_cast<double>(geometry_.col_rows()) + 1.0);
+}
+
+std::vector<ParamSpec> Conv2d::param_specs() const {
+  // He (Kaiming) uniform for a ReLU network: U(±sqrt(6 / fan_in)), fan_in = C_in*K*K, so the
+  // activations keep their variance through conv+relu; the bias starts at zero.
+  const auto fan_in = static_cast<double>(geometry_.col_rows());
+  const auto bound = static_cast<float>(std::sqrt(6.0 / fan_in));
+  return {
+      {"weight", {out_channels_, geometry_.channels, geometry_.kernel, geometry_.kernel}, bound},
+      {"bias", {out_channels_}, 0.f}};
+}
+
+void Conv2d::plan(std::int64_t, DType precision) {
+  col_ = Tensor({geometry_.col_rows(), geometry_.col_columns()}, DType::f32);
+  const std::int64_t in = geometry_.channels * geometry_.height * geometry_.width;
+  const std::int64_t out = out_channels_ * geometry_.col_columns();
+  staging_.plan(precision, {in, out, out, in});
+  if (precision != DType::f32) {
+    weight_grad_ = Tensor({out_channels_, geometry_.col_rows()}, DType::f32);
+    bias_grad_ = Tensor({out_channels_}, DType::f32);
+  }
+}
+
+std::int64_t Conv2d::scratch_bytes() const {
+  std::int64_t bytes = staging_.scratch_bytes();
+  for (const Tensor* t : {&col_, &weight_grad_, &bias_grad_})
+    if (t->defined()) bytes += static_cast<std::int64_t>(t->size_bytes());
+  return bytes;
+}
+
+void Conv2d::forward(const Tensor& x, Tensor& y, bool) {
+  if (!col_.defined()) abort_job("nn::Conv2d::forward " + name() + ": plan() the model first");
+  const std::int64_t in = geometry_.channels * geometry_.height * geometry_.width;
+  const std::int64_t positions = geometry_.col_columns();
+  const std::int64_t out = out_channels_ * positions;
+  Tensor::view_into(weight_2d_, param_value(kWeight), 0, {out_channels_, geometry_.col_rows()});
+  for (std::int64_t s = 0; s < x.dim(0); ++s) {
+    kernels::im2col(staging_.read(x, s, in, kInSlot), geometry_, col_);
+    Tensor& y_sample = staging_.write(y, s, out, kOutSlot);
+    Tensor::view_into(out_2d_, y_sample, 0, {out_channels_, positions});
+    // y[C_out, P] = W[C_out, C_in*K*K] · col[C_in*K*K, P] + b
+    kernels::matmul(weight_2d_, false, col_, false, out_2d_);
+    kernels::channel_bias_forward(out_2d_, param_value(kBias));
+    staging_.commit(kOutSlot);
+  }
+}
+
+void Conv2d::backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) {
+  const std::int64_t in = geometry_.channels * geometry_.height * geometry_.width;
+  const std::int64_t positions = geometry_.col_columns();
+  const std::int64_t out = out_channels_ * positions;
+  // Summed over the samples in f32: straight into f32 gradients, else in f32 scratch rounded once.
+  const bool f32_grads = param_grad(kWeight).dtype() == DType::f32;
+  Tensor& dw = f32_grads ? param_grad(kWeight) : weight_grad_;
+  Tensor& db = f32_grads ? param_grad(kBias) : bias_grad_;
+  Tensor::view_into(weight_2d_, param_value(kWeight), 0, {out_channels_, geometry_.col_rows()});
+  Tensor::view_into(weight_grad_2d_, dw, 0, {out_channels_, geometry_.col_rows()});
+  for (std::int64_t s = 0; s < x.dim(0); ++s) {
+    const bool first = s == 0;
+    kernels::im2col(staging_.read(x, s, in, kInSlot), geometry_, col_);
+    Tensor::view_into(dout_2d_, staging_.read(dy, s, out, kDoutSlot), 0,
+                      {out_channels_, positions});
+    // dW += dy[C_out, P] · colᵀ; db += row sums of dy.
+    kernels::matmul(dout_2d_, false, col_, true, weight_grad_2d_, first ? 0.f : 1.f);
+    kernels::channel_bias_backward(dout_2d_, db, /*accumulate=*/!first);
+    if (!dx) continue;
+    // dcol = Wᵀ · dy, into col_ (its windows are used up), then folded back onto dx.
+    kernels::matmul(weight_2d_, true, dout_2d_, false, col_);
+    kernels::col2im(col_, geometry_, staging_.write(*dx, s, in, kDinSlot));
+    staging_.commit(kDinSlot);
+  }
+  if (x.dim(0) == 0) {
+    dw.zero();
+    db.zero();
+  }
+  if (!f32_grads) {
+    kernels::cast(weight_grad_, param_grad(kWeight));
+    kernels::cast(bias_grad_, param_grad(kBias));
+  }
+}
+
+}  // namespace mpt::nn

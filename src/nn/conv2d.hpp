@@ -1,0 +1,40 @@
+// 2-D convolution layer over NCHW samples: weights (C_out, C_in, K, K) and a bias, like
+// PyTorch's nn.Conv2d with dilation 1 and groups 1. Lowered per sample to im2col + matmul.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/conv2d.hpp"
+#include "nn/nn.hpp"
+#include "nn/sample_staging.hpp"
+
+namespace mpt::nn {
+
+class Conv2d final : public Layer {
+ public:
+  // INPUT_SHAPE is the per-sample (C_in, H, W); the caller has checked that the kernel fits.
+  Conv2d(std::string name, const Shape& input_shape, std::int64_t out_channels, std::int64_t kernel,
+         std::int64_t stride, std::int64_t pad);
+
+  std::string_view kind() const override { return "conv"; }
+  std::string spec() const override;
+  Shape output_shape(const Shape& input_shape) const override;
+  double flops_per_sample(const Shape& input_shape) const override;
+  std::vector<ParamSpec> param_specs() const override;
+  void plan(std::int64_t max_batch, DType precision) override;
+  std::int64_t scratch_bytes() const override;
+
+  void forward(const Tensor& x, Tensor& y, bool training) override;
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
+
+ private:
+  kernels::Conv2dGeometry geometry_;
+  std::int64_t out_channels_;
+  Tensor col_;                      // f32 [C_in*K*K, OH*OW]: one sample's windows
+  Tensor weight_grad_, bias_grad_;  // f32 sums over the batch when the gradients are 16-bit
+  SampleStaging staging_;
+  // Views re-pointed per sample.
+  Tensor weight_2d_, weight_grad_2d_, out_2d_, dout_2d_;
+};
+
+}  // namespace mpt::nn

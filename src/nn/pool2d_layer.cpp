@@ -1,0 +1,100 @@
+// Pooling layers: the whole batch in one kernel call under f32 (a batch is a run of planes);
+// under 16-bit storage one sample at a time through f32 staging.
+#include "nn/pool2d_layer.hpp"
+
+#include "core/error.hpp"
+
+namespace mpt::nn {
+
+namespace {
+constexpr std::size_t kInSlot = 0, kOutSlot = 1, kDoutSlot = 2, kDinSlot = 3;
+}
+
+Pool2dLayer::Pool2dLayer(std::string name, PoolMode mode, const Shape& input_shape,
+                         std::int64_t kernel, std::int64_t stride)
+    : Layer(std::move(name)), mode_(mode) {
+  if (input_shape.size() != 3) abort_job("nn::Pool2dLayer " + this->name() + ": needs (C,H,W)");
+  channels_ = input_shape[0];
+  if (mode == PoolMode::global_average)
+    geometry_ = {input_shape[1], input_shape[2], input_shape[1], input_shape[2], 1};
+  else
+    geometry_ = {input_shape[1], input_shape[2], kernel, kernel, stride};
+  if (geometry_.kernel_h < 1 || geometry_.stride < 1 || geometry_.kernel_h > geometry_.height ||
+      geometry_.kernel_w > geometry_.width)
+    abort_job("nn::Pool2dLayer " + this->name() + ": window does not fit " +
+              shape_to_string(input_shape));
+}
+
+std::string_view Pool2dLayer::kind() const {
+  switch (mode_) {
+    case PoolMode::max:
+      return "maxpool";
+    case PoolMode::average:
+      return "avgpool";
+    case PoolMode::global_average:
+      break;
+  }
+  return "gap";
+}
+
+std::string Pool2dLayer::spec() const {
+  if (mode_ == PoolMode::global_average) return "gap";
+  std::string text = std::string(kind()) + ":" + std::to_string(geometry_.kernel_h);
+  if (geometry_.stride != geometry_.kernel_h) text += ":stride=" + std::to_string(geometry_.stride);
+  return text;
+}
+
+Shape Pool2dLayer::output_shape(const Shape&) const {
+  if (mode_ == PoolMode::global_average) return {channels_};
+  return {channels_, geometry_.out_height(), geometry_.out_width()};
+}
+
+double Pool2dLayer::flops_per_sample(const Shape&) const {
+  // One compare or add per window element.
+  return static_cast<double>(channels_ * geometry_.out_height() * geometry_.out_width() *
+                             geometry_.kernel_h * geometry_.kernel_w);
+}
+
+void Pool2dLayer::plan(std::int64_t, DType precision) {
+  const std::int64_t in = channels_ * geometry_.height * geometry_.width;
+  const std::int64_t out = channels_ * geometry_.out_height() * geometry_.out_width();
+  staging_.plan(precision, {in, out, out, in});
+}
+
+void Pool2dLayer::forward(const Tensor& x, Tensor& y, bool) {
+  const std::int64_t in = channels_ * geometry_.height * geometry_.width;
+  const std::int64_t out = channels_ * geometry_.out_height() * geometry_.out_width();
+  const bool f32 = x.dtype() == DType::f32 && y.dtype() == DType::f32;
+  // Under f32 the batch is one run of planes: a single call.
+  const std::int64_t samples = f32 ? 1 : x.dim(0);
+  const std::int64_t in_n = f32 ? x.numel() : in, out_n = f32 ? y.numel() : out;
+  for (std::int64_t s = 0; s < samples; ++s) {
+    const Tensor& x_f32 = staging_.read(x, s, in_n, kInSlot);
+    Tensor& y_f32 = staging_.write(y, s, out_n, kOutSlot);
+    if (mode_ == PoolMode::max)
+      kernels::max_pool2d_forward(x_f32, geometry_, y_f32);
+    else
+      kernels::avg_pool2d_forward(x_f32, geometry_, y_f32);
+    staging_.commit(kOutSlot);
+  }
+}
+
+void Pool2dLayer::backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) {
+  if (!dx) return;  // no parameters
+  const std::int64_t in = channels_ * geometry_.height * geometry_.width;
+  const std::int64_t out = channels_ * geometry_.out_height() * geometry_.out_width();
+  const bool f32 = x.dtype() == DType::f32 && dy.dtype() == DType::f32;
+  const std::int64_t samples = f32 ? 1 : x.dim(0);
+  const std::int64_t in_n = f32 ? x.numel() : in, out_n = f32 ? dy.numel() : out;
+  for (std::int64_t s = 0; s < samples; ++s) {
+    const Tensor& dy_f32 = staging_.read(dy, s, out_n, kDoutSlot);
+    Tensor& dx_f32 = staging_.write(*dx, s, in_n, kDinSlot);
+    if (mode_ == PoolMode::max)
+      kernels::max_pool2d_backward(staging_.read(x, s, in_n, kInSlot), geometry_, dy_f32, dx_f32);
+    else
+      kernels::avg_pool2d_backward(geometry_, dy_f32, dx_f32);
+    staging_.commit(kDinSlot);
+  }
+}
+
+}  // namespace mpt::nn

@@ -1,0 +1,39 @@
+// Pooling layers over NCHW samples: MaxPool2D and AvgPool2D (K x K windows every S, no padding)
+// and GlobalAvgPool (the mean of each channel's plane, output (C), ready for a dense layer).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/pool2d.hpp"
+#include "nn/nn.hpp"
+#include "nn/sample_staging.hpp"
+
+namespace mpt::nn {
+
+enum class PoolMode { max, average, global_average };
+
+class Pool2dLayer final : public Layer {
+ public:
+  // INPUT_SHAPE is the per-sample (C, H, W); the caller has checked that the window fits.
+  // KERNEL and STRIDE are ignored for global_average.
+  Pool2dLayer(std::string name, PoolMode mode, const Shape& input_shape, std::int64_t kernel,
+              std::int64_t stride);
+
+  std::string_view kind() const override;
+  std::string spec() const override;
+  Shape output_shape(const Shape& input_shape) const override;
+  double flops_per_sample(const Shape& input_shape) const override;
+  void plan(std::int64_t max_batch, DType precision) override;
+  std::int64_t scratch_bytes() const override { return staging_.scratch_bytes(); }
+
+  void forward(const Tensor& x, Tensor& y, bool training) override;
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
+
+ private:
+  PoolMode mode_;
+  std::int64_t channels_;
+  kernels::Pool2dGeometry geometry_;
+  SampleStaging staging_;
+};
+
+}  // namespace mpt::nn
