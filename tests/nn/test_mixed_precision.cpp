@@ -501,3 +501,30 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, MixedPrecision, testing::Values(DType::f16, DTy
 
 }  // namespace
 }  // namespace mpt::nn
+
+namespace mpt::nn {
+namespace {
+
+// A 16-bit model whose first layer is relu takes the f32 input batch: its logits equal the f32
+// model's on the same rounded weights, up to 16-bit rounding of the activations.
+TEST(MixedPrecisionFirstLayer, ReluFirstAcceptsTheF32Input) {
+  for (const DType dtype : {DType::f16, DType::bf16}) {
+    Model model = Model::build("relu,dense:3", {4}, 3, dtype);
+    Model reference = Model::build("relu,dense:3", {4}, 3);
+    model.init_params(3);
+    model.plan(2);
+    reference.plan(2);
+    // The reference computes with the 16-bit model's rounded weights.
+    std::copy_n(model.compute_params().data<float>(), model.num_params(), reference.params().data<float>());
+    Tensor x({2, 4}, DType::f32);
+    const float values[8] = {-1.f, 0.5f, 2.f, -0.25f, 3.f, -4.f, 0.125f, 1.f};
+    std::copy_n(values, 8, x.data<float>());
+    const Tensor& logits = model.forward(x, true);
+    const Tensor& expected = reference.forward(x, true);
+    for (std::int64_t i = 0; i < 6; ++i)
+      EXPECT_NEAR(logits.data<float>()[i], expected.data<float>()[i], 1e-2) << dtype_name(dtype);
+  }
+}
+
+}  // namespace
+}  // namespace mpt::nn
