@@ -78,15 +78,15 @@ po::options_description train_options(TrainCommand& out) {
   amp.add_options()
       ("amp.loss-scaling", po::value(&run.amp.loss_scaling)->default_value("auto"),
        "auto (dynamic for fp16, off for fp32 and bf16) | on | off")
-      ("amp.loss-scale", po::value(&run.amp.loss_scale)->default_value(0, "0"), "a static loss scale (0: dynamic)")
-      ("amp.init-scale", po::value(&run.amp.init_scale)->default_value(65536, "65536"), "initial dynamic scale")
-      ("amp.growth-factor", po::value(&run.amp.growth_factor)->default_value(2, "2"), "scale x this after growth-interval clean steps")
-      ("amp.backoff-factor", po::value(&run.amp.backoff_factor)->default_value(0.5, "0.5"), "scale x this on overflow")
-      ("amp.growth-interval", po::value(&run.amp.growth_interval)->default_value(2000), "clean steps before the scale grows")
-      ("amp.hysteresis", po::value(&run.amp.hysteresis)->default_value(1), "overflows tolerated before backing off")
-      ("amp.min-scale", po::value(&run.amp.min_scale)->default_value(1, "1"), "lower bound of the dynamic scale")
-      ("amp.max-scale", po::value(&run.amp.max_scale)->default_value(16777216, "16777216"), "upper bound (2^24)")
-      ("amp.fail-at-min-scale", po::value(&run.amp.fail_at_min_scale)->default_value(false)->implicit_value(true),
+      ("amp.loss-scale", po::value(&run.amp.scaler.static_scale)->default_value(0, "0"), "a static loss scale (0: dynamic)")
+      ("amp.init-scale", po::value(&run.amp.scaler.init_scale)->default_value(65536, "65536"), "initial dynamic scale")
+      ("amp.growth-factor", po::value(&run.amp.scaler.growth_factor)->default_value(2, "2"), "scale x this after growth-interval clean steps")
+      ("amp.backoff-factor", po::value(&run.amp.scaler.backoff_factor)->default_value(0.5, "0.5"), "scale x this on overflow")
+      ("amp.growth-interval", po::value(&run.amp.scaler.growth_interval)->default_value(2000), "clean steps before the scale grows")
+      ("amp.hysteresis", po::value(&run.amp.scaler.hysteresis)->default_value(1), "overflows tolerated before backing off")
+      ("amp.min-scale", po::value(&run.amp.scaler.min_scale)->default_value(1, "1"), "lower bound of the dynamic scale")
+      ("amp.max-scale", po::value(&run.amp.scaler.max_scale)->default_value(16777216, "16777216"), "upper bound (2^24)")
+      ("amp.fail-at-min-scale", po::value(&run.amp.scaler.fail_at_min_scale)->default_value(false)->implicit_value(true),
        "end the run with an error when gradients overflow at min-scale")
       ("amp.on-nonfinite-loss", po::value(&run.amp.on_nonfinite_loss)->default_value("error"),
        "error (name rank, step and first non-finite layer) | skip (log and skip the step)");

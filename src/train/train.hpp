@@ -7,7 +7,9 @@
 #include <memory>
 #include <string>
 
+#include "amp/amp.hpp"
 #include "comm/comm.hpp"
+#include "optim/optim.hpp"
 
 namespace mpt::train {
 
@@ -51,18 +53,10 @@ struct LoopConfig {
 
 // Mixed precision: the storage dtype of weights, activations and gradients, and the loss scaler.
 struct PrecisionConfig {
-  std::string precision = "fp32";  // fp32 | fp16 | bf16
-  std::string loss_scaling = "auto";  // auto (on for fp16 only) | on | off
-  double loss_scale = 0;              // > 0: a static scale
-  double init_scale = 65536;
-  double growth_factor = 2;
-  double backoff_factor = 0.5;
-  std::int64_t growth_interval = 2000;
-  std::int64_t hysteresis = 1;
-  double min_scale = 1;
-  double max_scale = 16777216;
-  bool fail_at_min_scale = false;
+  std::string precision = "fp32";     // fp32 | fp16 | bf16
+  std::string loss_scaling = "auto";  // auto (on for fp16, or with a static scale) | on | off
   std::string on_nonfinite_loss = "error";  // error | skip
+  amp::LossScalerOptions scaler;      // the [amp] options; `enabled` follows from the two above
 };
 
 struct OptimizerConfig {
@@ -81,15 +75,8 @@ struct OptimizerConfig {
 };
 
 // The learning-rate schedule (optim::ScheduleOptions), in applied optimizer steps.
-struct ScheduleConfig {
-  std::string name = "constant";  // constant | step | cosine | one-cycle
-  std::int64_t warmup_steps = 0;
-  std::int64_t step_size = 0;  // step
-  double gamma = 0.1;          // step
-  double min_lr = 0;           // cosine
-  double max_lr = 0;           // one-cycle; 0: the (scaled) base LR
-  double pct_start = 0.3;      // one-cycle
-};
+// The [schedule] options are the schedule's own (optim::ScheduleOptions).
+using ScheduleConfig = optim::ScheduleOptions;
 
 struct RunConfig {
   DataConfig data;

@@ -51,18 +51,9 @@ DType precision_dtype(const PrecisionConfig& amp) {
 
 // Loss scaling is on by default only for fp16, whose range needs it; bf16 has fp32's range.
 amp::LossScalerOptions scaler_options(const PrecisionConfig& amp) {
-  amp::LossScalerOptions options;
-  options.enabled = amp.loss_scaling == "on" || (amp.loss_scaling == "auto" && amp.precision == "fp16") ||
-                    (amp.loss_scaling == "auto" && amp.loss_scale > 0);
-  options.static_scale = amp.loss_scale;
-  options.init_scale = amp.init_scale;
-  options.growth_factor = amp.growth_factor;
-  options.backoff_factor = amp.backoff_factor;
-  options.growth_interval = amp.growth_interval;
-  options.hysteresis = amp.hysteresis;
-  options.min_scale = amp.min_scale;
-  options.max_scale = amp.max_scale;
-  options.fail_at_min_scale = amp.fail_at_min_scale;
+  amp::LossScalerOptions options = amp.scaler;
+  options.enabled = amp.loss_scaling == "on" ||
+                    (amp.loss_scaling == "auto" && (amp.precision == "fp16" || options.static_scale > 0));
   return options;
 }
 
@@ -113,18 +104,6 @@ optim::AdamwOptions adamw_options(const OptimizerConfig& config) {
   options.beta2 = static_cast<float>(config.beta2);
   options.eps = static_cast<float>(config.eps);
   options.weight_decay = static_cast<float>(config.weight_decay);
-  return options;
-}
-
-optim::ScheduleOptions schedule_options(const ScheduleConfig& config) {
-  optim::ScheduleOptions options;
-  options.name = config.name;
-  options.warmup_steps = config.warmup_steps;
-  options.step_size = config.step_size;
-  options.gamma = config.gamma;
-  options.min_lr = config.min_lr;
-  options.max_lr = config.max_lr;
-  options.pct_start = config.pct_start;
   return options;
 }
 
@@ -314,7 +293,7 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
     state_->base_lr = optim::scaled_lr(config.optimizer.lr, config.optimizer.lr_scaling,
                                        plan->global_batch(), config.optimizer.reference_batch);
     if (config.optimizer.name == "adamw") optim::validate(adamw_options(config.optimizer));
-    state_->schedule.emplace(schedule_options(config.schedule), state_->base_lr,
+    state_->schedule.emplace(config.schedule, state_->base_lr,
                              state_->total_steps);
     state_->input.plan(config.data, world, *train_reader, [&] {
       return std::make_unique<data::DatasetReader>(config.data.train_path,
