@@ -14,6 +14,17 @@
 
 namespace mpt::test {
 
+inline int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+inline int world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
 // /tmp/mpt-test-NAME-PID-rRANK, created empty and removed at the end of the test.
 class TempDir {
  public:

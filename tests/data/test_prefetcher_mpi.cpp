@@ -9,21 +9,14 @@
 #include <filesystem>
 
 #include "data/data.hpp"
+#include "tests/test_util.hpp"
 #include "tests/data/prefetch_test_util.hpp"
 
 namespace mpt::data {
 namespace {
 
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using test::world_rank;
+using test::world_size;
 
 // One dataset for the whole job, written by rank 0 into a directory named after its pid.
 class PrefetcherMpi : public ::testing::Test {

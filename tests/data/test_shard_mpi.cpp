@@ -8,20 +8,13 @@
 #include <set>
 
 #include "data/data.hpp"
+#include "tests/test_util.hpp"
 
 namespace mpt::data {
 namespace {
 
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using test::world_rank;
+using test::world_size;
 
 TEST(ShardMpi, EpochShardsAreDisjointAndCoverTheEpoch) {
   const int rank = world_rank(), size = world_size();

@@ -17,30 +17,17 @@
 #include "nn/conv2d.hpp"
 #include "nn/gelu_layer.hpp"
 #include "nn/nn.hpp"
+#include "tests/nn/gradcheck_util.hpp"
 #include "nn/pool2d_layer.hpp"
 
 namespace mpt::nn {
 namespace {
 
+// This file's fills draw from stream 13.
 void fill_uniform(Tensor& t, std::uint64_t seed, float low, float high) {
-  const CounterRng rng(seed, 13);
-  for (std::int64_t i = 0; i < t.numel(); ++i)
-    t.data<float>()[i] = low + (high - low) * rng.uniform(static_cast<std::uint64_t>(i));
+  test::fill_uniform(t, seed, low, high, 13);
 }
-
-// Central difference of LOSS with respect to *VALUE, over the step actually taken in f32.
-template <class Loss>
-double central_difference(float* value, float eps, const Loss& loss) {
-  const float saved = *value;
-  *value = saved + eps;
-  const double up_arg = *value;
-  const double up = loss();
-  *value = saved - eps;
-  const double down_arg = *value;
-  const double down = loss();
-  *value = saved;
-  return (up - down) / (up_arg - down_arg);
-}
+using test::central_difference;
 
 // A standalone layer with its parameters bound to flat f32 buffers.
 struct Bound {

@@ -9,30 +9,16 @@
 #include "kernels/softmax_xent.hpp"
 #include "nn/dense.hpp"
 #include "nn/nn.hpp"
+#include "tests/nn/gradcheck_util.hpp"
 
 namespace mpt::nn {
 namespace {
 
+// This file's fills draw from stream 7.
 void fill_uniform(Tensor& t, std::uint64_t seed, float low, float high) {
-  const CounterRng rng(seed, 7);
-  for (std::int64_t i = 0; i < t.numel(); ++i)
-    t.data<float>()[i] = low + (high - low) * rng.uniform(static_cast<std::uint64_t>(i));
+  test::fill_uniform(t, seed, low, high, 7);
 }
-
-// Central difference of LOSS with respect to *VALUE. The step actually taken is measured from
-// the perturbed f32 values, so rounding of value +- eps does not bias the quotient.
-template <class Loss>
-double central_difference(float* value, float eps, const Loss& loss) {
-  const float saved = *value;
-  *value = saved + eps;
-  const double up_arg = *value;
-  const double up = loss();
-  *value = saved - eps;
-  const double down_arg = *value;
-  const double down = loss();
-  *value = saved;
-  return (up - down) / (up_arg - down_arg);
-}
+using test::central_difference;
 
 TEST(DenseGradcheck, WeightsBiasAndInput) {
   const std::int64_t batch = 3, in = 6, out = 4;
