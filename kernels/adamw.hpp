@@ -24,6 +24,12 @@ void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& 
                   const Tensor* decay_mask, const AdamwStep& step, Tensor* rounded,
                   Tensor* widened);
 }  // namespace host
+// The CUDA twins (kernels/cuda/adamw.cu), same contracts, every tensor on the cuda device.
+namespace cuda {
+void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
+                  const Tensor* decay_mask, const AdamwStep& step, Tensor* rounded,
+                  Tensor* widened);
+}  // namespace cuda
 
 // One AdamW step, in place on PARAMS, EXP_AVG (m) and EXP_AVG_SQ (v); all f32 with the same
 // number of elements:
@@ -32,11 +38,13 @@ void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& 
 //   v = beta2 * v + (1 - beta2) * g * g
 //   p -= (lr / bias_correction1) * m / (sqrt(v) / sqrt(bias_correction2) + eps)
 // DECAY_MASK, when given, is u8 (0: no decay for this element, e.g. a bias). ROUNDED and WIDENED
-// are the fused recast of mixed precision, as in kernels::sgd_update.
+// are the fused recast of mixed precision, as in kernels::sgd_update (WIDENED may be null on
+// the cuda device).
 inline void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
                          const Tensor* decay_mask, const AdamwStep& step, Tensor* rounded = nullptr,
                          Tensor* widened = nullptr) {
-  if (params.device() != Device::cpu) detail::built_without_cuda("kernels::adamw_update");
+  MPT_DISPATCH_CUDA(params, adamw_update, params, grads, exp_avg, exp_avg_sq, decay_mask, step,
+                    rounded, widened);
   host::adamw_update(params, grads, exp_avg, exp_avg_sq, decay_mask, step, rounded, widened);
 }
 

@@ -10,17 +10,22 @@ namespace host {
 void bias_add_forward(Tensor& y, const Tensor& bias);
 void bias_add_backward(const Tensor& dy, Tensor& dbias, bool accumulate);
 }  // namespace host
+// The CUDA twins (kernels/cuda/bias.cu), same contracts, every tensor on the cuda device.
+namespace cuda {
+void bias_add_forward(Tensor& y, const Tensor& bias);
+void bias_add_backward(const Tensor& dy, Tensor& dbias, bool accumulate);
+}  // namespace cuda
 
 // y[b, n] += bias[n], in place. y is [B, N] f32, bias is [N] f32.
 inline void bias_add_forward(Tensor& y, const Tensor& bias) {
-  if (y.device() != Device::cpu) detail::built_without_cuda("kernels::bias_add_forward");
+  MPT_DISPATCH_CUDA(y, bias_add_forward, y, bias);
   host::bias_add_forward(y, bias);
 }
 
 // dbias[n] = sum over b of dy[b, n]; overwrites dbias, or adds to it with ACCUMULATE (for a
 // batch processed in blocks of rows). dy is [B, N] f32.
 inline void bias_add_backward(const Tensor& dy, Tensor& dbias, bool accumulate = false) {
-  if (dy.device() != Device::cpu) detail::built_without_cuda("kernels::bias_add_backward");
+  MPT_DISPATCH_CUDA(dy, bias_add_backward, dy, dbias, accumulate);
   host::bias_add_backward(dy, dbias, accumulate);
 }
 

@@ -12,12 +12,17 @@ namespace host {
 void cast(const Tensor& src, Tensor& dst);
 void round_and_widen(const Tensor& src, Tensor& rounded, Tensor& widened);
 }  // namespace host
+// The CUDA twins (kernels/cuda/cast.cu), same contracts, every tensor on the cuda device.
+namespace cuda {
+void cast(const Tensor& src, Tensor& dst);
+void round_and_widen(const Tensor& src, Tensor& rounded, Tensor& widened);
+}  // namespace cuda
 
 // DST = SRC converted to DST's dtype, round to nearest even; Inf and NaN are preserved and
 // values beyond fp16's range become Inf. SRC and DST must hold the same number of elements and
 // must not overlap, unless they are the same tensor (same dtype: a no-op).
 inline void cast(const Tensor& src, Tensor& dst) {
-  if (src.device() != Device::cpu) detail::built_without_cuda("kernels::cast");
+  MPT_DISPATCH_CUDA(src, cast, src, dst);
   host::cast(src, dst);
 }
 
@@ -25,7 +30,7 @@ inline void cast(const Tensor& src, Tensor& dst) {
 // in one pass: how a model recasts its 16-bit working weights and the f32 copy it computes
 // with from the FP32 masters. All three hold the same number of elements and do not overlap.
 inline void round_and_widen(const Tensor& src, Tensor& rounded, Tensor& widened) {
-  if (src.device() != Device::cpu) detail::built_without_cuda("kernels::round_and_widen");
+  MPT_DISPATCH_CUDA(src, round_and_widen, src, rounded, widened);
   host::round_and_widen(src, rounded, widened);
 }
 

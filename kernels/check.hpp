@@ -4,6 +4,18 @@
 
 #include "core/tensor.hpp"
 
+// The device dispatch of a launcher in kernels/<op>.hpp: when TENSOR is on the cuda device,
+// return cuda::OP(args...) (kernels/cuda/OP.cu) in a CUDA build, or abort naming the op in a
+// build without CUDA. The host path follows the macro in the launcher.
+#ifdef MPTRAIN_HAVE_CUDA
+#define MPT_DISPATCH_CUDA(tensor, op, ...) \
+  if ((tensor).device() != ::mpt::Device::cpu) return cuda::op(__VA_ARGS__)
+#else
+#define MPT_DISPATCH_CUDA(tensor, op, ...)        \
+  if ((tensor).device() != ::mpt::Device::cpu) \
+  ::mpt::kernels::detail::built_without_cuda("kernels::" #op)
+#endif
+
 namespace mpt::kernels::detail {
 
 // Aborts the job with "OP: WHAT (got <tensor description>)". Kernel misuse is a bug in the

@@ -10,10 +10,14 @@ namespace mpt::kernels {
 namespace host {
 bool all_finite(const Tensor& x);
 }  // namespace host
+// The CUDA twins (kernels/cuda/finite.cu), same contracts, every tensor on the cuda device.
+namespace cuda {
+bool all_finite(const Tensor& x);
+}  // namespace cuda
 
 // True when no element of X (f32, f16 or bf16, any shape) is Inf or NaN.
 inline bool all_finite(const Tensor& x) {
-  if (x.device() != Device::cpu) detail::built_without_cuda("kernels::all_finite");
+  MPT_DISPATCH_CUDA(x, all_finite, x);
   return host::all_finite(x);
 }
 

@@ -11,16 +11,21 @@ namespace host {
 void gelu_forward(const Tensor& x, Tensor& y);
 void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
 }  // namespace host
+// The CUDA twins (kernels/cuda/gelu.cu), same contracts, every tensor on the cuda device.
+namespace cuda {
+void gelu_forward(const Tensor& x, Tensor& y);
+void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
+}  // namespace cuda
 
 // Y = gelu(X); same number of elements, f32, may alias.
 inline void gelu_forward(const Tensor& x, Tensor& y) {
-  if (x.device() != Device::cpu) detail::built_without_cuda("kernels::gelu_forward");
+  MPT_DISPATCH_CUDA(x, gelu_forward, x, y);
   host::gelu_forward(x, y);
 }
 
 // DX = DY * gelu'(X) = DY * (Phi(X) + X phi(X)), from the forward's input X; DX may alias DY.
 inline void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
-  if (x.device() != Device::cpu) detail::built_without_cuda("kernels::gelu_backward");
+  MPT_DISPATCH_CUDA(x, gelu_backward, x, dy, dx);
   host::gelu_backward(x, dy, dx);
 }
 

@@ -26,13 +26,20 @@ namespace host {
 void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
             float beta);
 }  // namespace host
+// The CUDA twins (kernels/cuda/matmul.cu), same contracts, every tensor on the cuda device.
+namespace cuda {
+void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
+            float beta);
+}  // namespace cuda
 
 // C[M, N] = op(A) · op(B) + beta · C, with op(X) = X or Xᵀ. A, B and C are 2-D, row-major,
 // contiguous f32 tensors owned by the caller: A is [M, K] ([K, M] when transpose_a), B is
 // [K, N] ([N, K] when transpose_b). With beta == 0, C is not read (NaN in C does not leak).
+// On the cuda device (cuBLASLt) A and B may also both be f16 or both bf16, with C f32 or of
+// their dtype: FP32 accumulation on the tensor cores.
 inline void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
                    float beta = 0.f) {
-  if (a.device() != Device::cpu) detail::built_without_cuda("kernels::matmul");
+  MPT_DISPATCH_CUDA(a, matmul, a, transpose_a, b, transpose_b, c, beta);
   host::matmul(a, transpose_a, b, transpose_b, c, beta);
 }
 

@@ -9,11 +9,15 @@ namespace mpt::kernels {
 namespace host {
 void normalize_u8(const Tensor& in, Tensor& out, float scale, float shift);
 }  // namespace host
+// The CUDA twins (kernels/cuda/normalize.cu), same contracts, every tensor on the cuda device.
+namespace cuda {
+void normalize_u8(const Tensor& in, Tensor& out, float scale, float shift);
+}  // namespace cuda
 
 // out = in * scale + shift, elementwise. IN is u8, OUT is f32 with the same number of elements
 // (shapes may differ). For mean/std normalisation: scale = 1/(255*std), shift = -mean/std.
 inline void normalize_u8(const Tensor& in, Tensor& out, float scale, float shift) {
-  if (in.device() != Device::cpu) detail::built_without_cuda("kernels::normalize_u8");
+  MPT_DISPATCH_CUDA(in, normalize_u8, in, out, scale, shift);
   host::normalize_u8(in, out, scale, shift);
 }
 

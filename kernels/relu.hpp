@@ -11,16 +11,21 @@ namespace host {
 void relu_forward(const Tensor& x, Tensor& y);
 void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
 }  // namespace host
+// The CUDA twins (kernels/cuda/relu.cu), same contracts, every tensor on the cuda device.
+namespace cuda {
+void relu_forward(const Tensor& x, Tensor& y);
+void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
+}  // namespace cuda
 
 // y = max(x, 0), NaN propagates (so that loss scaling sees an overflow). x and y may alias.
 inline void relu_forward(const Tensor& x, Tensor& y) {
-  if (x.device() != Device::cpu) detail::built_without_cuda("kernels::relu_forward");
+  MPT_DISPATCH_CUDA(x, relu_forward, x, y);
   host::relu_forward(x, y);
 }
 
 // dx = dy where y > 0, else 0; Y is the forward output. dx and dy may alias.
 inline void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  if (y.device() != Device::cpu) detail::built_without_cuda("kernels::relu_backward");
+  MPT_DISPATCH_CUDA(y, relu_backward, y, dy, dx);
   host::relu_backward(y, dy, dx);
 }
 

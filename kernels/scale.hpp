@@ -9,10 +9,14 @@ namespace mpt::kernels {
 namespace host {
 void scale_inplace(Tensor& x, float factor);
 }  // namespace host
+// The CUDA twins (kernels/cuda/scale.cu), same contracts, every tensor on the cuda device.
+namespace cuda {
+void scale_inplace(Tensor& x, float factor);
+}  // namespace cuda
 
 // x *= factor, elementwise over any shape. f32 only.
 inline void scale_inplace(Tensor& x, float factor) {
-  if (x.device() != Device::cpu) detail::built_without_cuda("kernels::scale_inplace");
+  MPT_DISPATCH_CUDA(x, scale_inplace, x, factor);
   host::scale_inplace(x, factor);
 }
 

@@ -12,6 +12,12 @@ void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, fl
                 float momentum, float weight_decay, bool nesterov, bool first_step,
                 Tensor* rounded, Tensor* widened);
 }  // namespace host
+// The CUDA twins (kernels/cuda/sgd.cu), same contracts, every tensor on the cuda device.
+namespace cuda {
+void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, float lr,
+                float momentum, float weight_decay, bool nesterov, bool first_step,
+                Tensor* rounded, Tensor* widened);
+}  // namespace cuda
 
 // One SGD step, in place on PARAMS and MOMENTUM_BUFFER; all three tensors are f32 with the same
 // number of elements:
@@ -23,11 +29,12 @@ void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, fl
 // With ROUNDED (f16 or bf16) and WIDENED (f32) given, each chunk of the updated PARAMS is also
 // written as ROUNDED = round(p) and WIDENED = float(ROUNDED) while it is in cache: the recast
 // of mixed precision (kernels::round_and_widen) fused into the update, one pass fewer over
-// the FP32 masters.
+// the FP32 masters. On the cuda device WIDENED may be null (cuBLASLt reads ROUNDED itself).
 inline void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, float lr,
                        float momentum, float weight_decay, bool nesterov, bool first_step,
                        Tensor* rounded = nullptr, Tensor* widened = nullptr) {
-  if (params.device() != Device::cpu) detail::built_without_cuda("kernels::sgd_update");
+  MPT_DISPATCH_CUDA(params, sgd_update, params, grads, momentum_buffer, lr, momentum, weight_decay,
+                    nesterov, first_step, rounded, widened);
   host::sgd_update(params, grads, momentum_buffer, lr, momentum, weight_decay, nesterov,
                    first_step, rounded, widened);
 }

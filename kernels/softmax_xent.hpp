@@ -26,12 +26,18 @@ XentStats softmax_xent_forward(const Tensor& logits, const Tensor& labels);
 XentStats softmax_xent_forward_backward(const Tensor& logits, const Tensor& labels, Tensor& dlogits,
                                         float grad_scale);
 }  // namespace host
+// The CUDA twins (kernels/cuda/softmax_xent.cu), same contracts, every tensor on the cuda device.
+namespace cuda {
+XentStats softmax_xent_forward(const Tensor& logits, const Tensor& labels);
+XentStats softmax_xent_forward_backward(const Tensor& logits, const Tensor& labels, Tensor& dlogits,
+                                        float grad_scale);
+}  // namespace cuda
 
 // Loss and accuracy of LOGITS [B, C] f32 against LABELS [B] i32 in [0, C) or kIgnoreLabel (row
 // left out). Stable for any logit magnitude (log-sum-exp with the row maximum subtracted). Any
 // other label aborts the job, naming the row.
 inline XentStats softmax_xent_forward(const Tensor& logits, const Tensor& labels) {
-  if (logits.device() != Device::cpu) detail::built_without_cuda("kernels::softmax_xent_forward");
+  MPT_DISPATCH_CUDA(logits, softmax_xent_forward, logits, labels);
   return host::softmax_xent_forward(logits, labels);
 }
 
@@ -41,8 +47,8 @@ inline XentStats softmax_xent_forward(const Tensor& logits, const Tensor& labels
 // gradient of the mean loss.
 inline XentStats softmax_xent_forward_backward(const Tensor& logits, const Tensor& labels,
                                                Tensor& dlogits, float grad_scale) {
-  if (logits.device() != Device::cpu)
-    detail::built_without_cuda("kernels::softmax_xent_forward_backward");
+  MPT_DISPATCH_CUDA(logits, softmax_xent_forward_backward, logits, labels, dlogits,
+                    grad_scale);
   return host::softmax_xent_forward_backward(logits, labels, dlogits, grad_scale);
 }
 

@@ -12,6 +12,10 @@ namespace mpt::kernels {
 namespace host {
 bool unscale_and_check(std::span<const Tensor> inputs, std::span<Tensor> outputs, float inv_scale);
 }  // namespace host
+// The CUDA twin (kernels/cuda/unscale_check.cu): every bucket in one multi-tensor launch.
+namespace cuda {
+bool unscale_and_check(std::span<const Tensor> inputs, std::span<Tensor> outputs, float inv_scale);
+}  // namespace cuda
 
 // OUTPUTS[i] (f32) = INPUTS[i] (f32, f16 or bf16) * INV_SCALE, for every bucket i, in one pass.
 // Returns true when every value of every input is finite. Each output must hold as many
@@ -20,8 +24,9 @@ bool unscale_and_check(std::span<const Tensor> inputs, std::span<Tensor> outputs
 // answer and takes the same skip decision without another collective.
 inline bool unscale_and_check(std::span<const Tensor> inputs, std::span<Tensor> outputs,
                               float inv_scale) {
-  for (const auto& input : inputs)
-    if (input.device() != Device::cpu) detail::built_without_cuda("kernels::unscale_and_check");
+  if (!inputs.empty()) {
+    MPT_DISPATCH_CUDA(inputs[0], unscale_and_check, inputs, outputs, inv_scale);
+  }
   return host::unscale_and_check(inputs, outputs, inv_scale);
 }
 

@@ -42,7 +42,7 @@ void bias_add_backward(const Tensor& dy, Tensor& dbias, bool accumulate) {
   // block of sums that stays in L1, so the inner loop is a contiguous, vectorised add.
   constexpr std::int64_t kColumnsPerBlock = 256;
   const std::int64_t blocks = (features + kColumnsPerBlock - 1) / kColumnsPerBlock;
-  Kokkos::parallel_for(label, HostRange(0, blocks), [=](const std::int64_t block) {
+  parallel_for(label, blocks, [=](const std::int64_t block) {
     const std::int64_t begin = block * kColumnsPerBlock;
     const std::int64_t end = std::min(features, begin + kColumnsPerBlock);
     if (!accumulate)

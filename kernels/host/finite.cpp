@@ -19,8 +19,8 @@ bool all_finite(const Tensor& x) {
   if (dtype == DType::f32) {
     const float* in = x.data<float>();
     float poison = 0.f;
-    Kokkos::parallel_reduce(
-        label, HostRange(0, chunks),
+    parallel_reduce(
+        label, chunks,
         [=](const std::int64_t chunk, float& sum) {
           const std::int64_t begin = chunk * kChunkElements;
           const std::int64_t end = std::min(n, begin + kChunkElements);
@@ -34,8 +34,8 @@ bool all_finite(const Tensor& x) {
   const auto* in = static_cast<const std::uint16_t*>(x.raw());
   const std::uint16_t inf = dtype == DType::f16 ? 0x7c00u : 0x7f80u;
   std::int64_t bad = 0;
-  Kokkos::parallel_reduce(
-      label, HostRange(0, chunks),
+  parallel_reduce(
+      label, chunks,
       [=](const std::int64_t chunk, std::int64_t& count) {
         const std::int64_t begin = chunk * kChunkElements;
         const std::int64_t end = std::min(n, begin + kChunkElements);

@@ -3,7 +3,9 @@
 // training step creates nothing.
 #include "kernels/matmul.hpp"
 
+#ifdef MPTRAIN_HAVE_BLAS
 #include <cblas.h>
+#endif
 
 #include <atomic>
 #include <cstdint>
@@ -39,6 +41,7 @@ struct MatmulShape {
   bool operator==(const MatmulShape&) const = default;
 };
 
+#ifdef MPTRAIN_HAVE_BLAS
 void blas_matmul(const MatmulShape& s, const float* a, const float* b, float* c) {
   // Row-major leading dimensions are the stored row lengths; BLAS wants them >= 1 even when
   // a dimension is 0 (those cases never get here, but keep the call valid regardless).
@@ -49,6 +52,40 @@ void blas_matmul(const MatmulShape& s, const float* a, const float* b, float* c)
               s.transpose_b ? CblasTrans : CblasNoTrans, static_cast<int>(s.m),
               static_cast<int>(s.n), static_cast<int>(s.k), 1.f, a, lda, b, ldb, s.beta, c, ldc);
 }
+#else
+// No BLAS (a GPU-only build): a plain blocked product, parallel over blocks of rows of C. It
+// exists so the host twins of the CUDA kernels can be checked anywhere, not for speed.
+void blas_matmul(const MatmulShape& s, const float* a, const float* b, float* c) {
+  static const std::string label = "kernels::matmul_fallback";
+  constexpr std::int64_t kRows = 16, kDepth = 128;
+  const std::int64_t lda = s.transpose_a ? s.m : s.k, ldb = s.transpose_b ? s.k : s.n;
+  const auto a_at = [=](std::int64_t i, std::int64_t p) {
+    return s.transpose_a ? a[p * lda + i] : a[i * lda + p];
+  };
+  const auto b_at = [=](std::int64_t p, std::int64_t j) {
+    return s.transpose_b ? b[j * ldb + p] : b[p * ldb + j];
+  };
+  const std::int64_t blocks = (s.m + kRows - 1) / kRows;
+  host::parallel_for(label, blocks, [=](std::int64_t block) {
+    const std::int64_t row_end = std::min(s.m, (block + 1) * kRows);
+    for (std::int64_t i = block * kRows; i < row_end; ++i) {
+      float* __restrict row = c + i * s.n;
+      // beta == 0 must not read C, so that NaN in C does not leak (as BLAS).
+      for (std::int64_t j = 0; j < s.n; ++j) row[j] = s.beta == 0.f ? 0.f : s.beta * row[j];
+      for (std::int64_t p0 = 0; p0 < s.k; p0 += kDepth) {
+        const std::int64_t p1 = std::min(s.k, p0 + kDepth);
+        for (std::int64_t p = p0; p < p1; ++p) {
+          const float scale = a_at(i, p);
+          if (s.transpose_b)
+            for (std::int64_t j = 0; j < s.n; ++j) row[j] += scale * b_at(p, j);
+          else
+            for (std::int64_t j = 0; j < s.n; ++j) row[j] += scale * b[p * ldb + j];
+        }
+      }
+    }
+  });
+}
+#endif
 
 #ifdef MPTRAIN_HAVE_DNNL
 

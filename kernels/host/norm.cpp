@@ -15,8 +15,8 @@ double sum_of_squares(const Tensor& x) {
   // the chunk order of the reduction is fixed, so the result is deterministic for a backend.
   const std::int64_t chunks = (n + kChunkElements - 1) / kChunkElements;
   double total = 0;
-  Kokkos::parallel_reduce(
-      label, HostRange(0, chunks),
+  parallel_reduce(
+      label, chunks,
       [=](const std::int64_t chunk, double& sum) {
         const std::int64_t begin = chunk * kChunkElements;
         const std::int64_t end = std::min(n, begin + kChunkElements);

@@ -1,5 +1,5 @@
 // Host softmax cross-entropy, forward and fused forward+backward (see kernels/softmax_xent.hpp).
-// One Kokkos reduction over rows; each row is read once for its maximum and once for exp.
+// One parallel reduction over rows; each row is read once for its maximum and once for exp.
 #include "kernels/softmax_xent.hpp"
 
 #include <cmath>
@@ -101,7 +101,7 @@ XentStats run(const char* op, const Tensor& logits, const Tensor& labels, Tensor
   const XentRows rows{logits.data<float>(), labels.data<std::int32_t>(),
                       dlogits ? dlogits->data<float>() : nullptr, logits.dim(1), grad_scale};
   RowTotals totals{};
-  Kokkos::parallel_reduce(label, HostRange(0, logits.dim(0)), rows, totals);
+  parallel_reduce(label, logits.dim(0), rows, totals);
   if (totals.first_bad_row != std::numeric_limits<std::int64_t>::max()) {
     const auto row = totals.first_bad_row;
     abort_job(std::string(op) + ": label " + std::to_string(labels.data<std::int32_t>()[row]) +

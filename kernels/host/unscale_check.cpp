@@ -53,8 +53,8 @@ bool unscale_and_check(std::span<const Tensor> inputs, std::span<Tensor> outputs
     float non_finite_chunks = 0.f;
     const std::int64_t n = input.numel();
     const std::int64_t chunks = (n + kChunkElements - 1) / kChunkElements;
-    Kokkos::parallel_reduce(
-        label, HostRange(0, chunks),
+    parallel_reduce(
+        label, chunks,
         [=](const std::int64_t chunk, float& count) {
           const std::int64_t begin = chunk * kChunkElements;
           const std::int64_t end = std::min(n, begin + kChunkElements);

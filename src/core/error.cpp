@@ -2,9 +2,14 @@
 // formatting, and the job-wide abort that never leaves other ranks waiting in a collective.
 #include "core/error.hpp"
 
-#include <hdf5.h>
-#include <mpi.h>
 #include <unistd.h>
+
+#ifdef MPTRAIN_HAVE_HDF5
+#include <hdf5.h>
+#endif
+#ifdef MPTRAIN_HAVE_MPI
+#include <mpi.h>
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -27,10 +32,12 @@ std::string read_host_name() {
 [[noreturn]] void abort_all(int code) {
   std::fflush(stdout);
   std::fflush(stderr);
+#ifdef MPTRAIN_HAVE_MPI
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+#endif
   std::_Exit(code);
 }
 
@@ -69,13 +76,19 @@ void abort_job(const std::string& message) {
 
 namespace detail {
 
+// GPU-only builds have no MPI or HDF5: the error strings are then plain codes.
+#ifdef MPTRAIN_HAVE_MPI
 std::string mpi_error_string(int code) {
   char text[MPI_MAX_ERROR_STRING] = {};
   int length = 0;
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
   return std::string(text, static_cast<size_t>(length));
 }
+#else
+std::string mpi_error_string(int code) { return "MPI error " + std::to_string(code); }
+#endif
 
+#ifdef MPTRAIN_HAVE_HDF5
 std::string hdf5_error_string(long long) {
   // The innermost message on HDF5's error stack says what went wrong (file not found, ...).
   std::string message;
@@ -88,6 +101,9 @@ std::string hdf5_error_string(long long) {
   H5Eclear2(H5E_DEFAULT);
   return message.empty() ? "HDF5 call failed" : message;
 }
+#else
+std::string hdf5_error_string(long long) { return "HDF5 call failed"; }
+#endif
 
 void check_failed(const char* library, const char* call_text, const std::string& description,
                   const char* file, int line) {

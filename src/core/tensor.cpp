@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/device_memory.hpp"
 #include "core/error.hpp"
 
 namespace mpt {
@@ -63,17 +64,27 @@ std::string shape_to_string(const Shape& shape) {
   return out.str();
 }
 
-Tensor::Storage::~Storage() { std::free(bytes); }
+Tensor::Storage::~Storage() {
+  if (device == Device::cpu)
+    std::free(bytes);
+  else
+    device_memory::free_cuda(bytes);
+}
 
 Tensor::Tensor(Shape shape, DType dtype, Device device)
     : shape_(std::move(shape)), dtype_(dtype), device_(device) {
-  if (device != Device::cpu) abort_job("Tensor: this build allocates on the cpu device only");
   for (auto extent : shape_)
     if (extent < 0) abort_job("Tensor: negative extent in shape " + shape_to_string(shape_));
   storage_ = std::make_shared<Storage>();
   const std::size_t bytes = size_bytes();
   // Round up to the alignment, as aligned_alloc requires; never allocate zero bytes.
   const std::size_t padded = ((bytes + 63) / 64) * 64 + 64;
+  if (device != Device::cpu) {
+    storage_->bytes = static_cast<std::byte*>(device_memory::allocate_cuda(padded));  // zeroed
+    storage_->size = bytes;
+    storage_->device = device;
+    return;
+  }
   storage_->bytes = static_cast<std::byte*>(std::aligned_alloc(64, padded));
   if (!storage_->bytes) abort_job("Tensor: out of memory allocating " + std::to_string(bytes) + " bytes");
   std::memset(storage_->bytes, 0, padded);
@@ -120,7 +131,18 @@ Tensor Tensor::reshaped(Shape shape) const {
 }
 
 void Tensor::zero() {
-  if (storage_) std::memset(raw(), 0, size_bytes());
+  if (!storage_) return;
+  if (device_ == Device::cpu)
+    std::memset(raw(), 0, size_bytes());
+  else
+    device_memory::zero_cuda(raw(), size_bytes());
+}
+
+Tensor Tensor::to(Device device) const {
+  if (!storage_) abort_job("Tensor::to: the tensor is undefined");
+  Tensor result(shape_, dtype_, device);
+  device_memory::copy(result.raw(), device, raw(), device_, size_bytes());
+  return result;
 }
 
 std::string Tensor::describe() const {

@@ -36,7 +36,8 @@ template <> constexpr DType dtype_of<std::int64_t>() { return DType::i64; }
 class Tensor {
  public:
   Tensor() = default;
-  // Allocates a zero-filled, 64-byte aligned buffer. Allocation happens at planning time only.
+  // Allocates a zero-filled, 64-byte aligned buffer (on the cuda device: cudaMalloc, which
+  // aborts in a build without CUDA). Allocation happens at planning time only.
   Tensor(Shape shape, DType dtype, Device device = Device::cpu);
 
   // A view of NUMEL(shape) elements of BASE starting at element OFFSET; shares BASE's buffer.
@@ -47,6 +48,9 @@ class Tensor {
                         std::initializer_list<std::int64_t> shape);
   // The same elements under another shape with the same number of elements.
   Tensor reshaped(Shape shape) const;
+  // A new tensor on DEVICE with this tensor's shape, dtype and values (a copy even when
+  // DEVICE is this tensor's own device). Synchronous; for planning and tests, not the step.
+  Tensor to(Device device) const;
 
   const Shape& shape() const { return shape_; }
   std::int64_t dim(int axis) const { return shape_.at(static_cast<std::size_t>(axis)); }
@@ -73,7 +77,7 @@ class Tensor {
     return static_cast<const T*>(raw());
   }
 
-  void zero();
+  void zero();  // on the host or the cuda device
   std::string describe() const;  // "f32(64,784) cpu"
 
  private:

@@ -48,6 +48,7 @@ std::vector<ParamSpec> Dense::param_specs() const {
 }
 
 void Dense::forward(const Tensor& x, Tensor& y, bool) {
+  if (x.device() == Device::cuda && x.dtype() != DType::f32) return forward_device_16(x, y);
   if (x.dtype() != DType::f32 || y.dtype() != DType::f32) return forward_in_blocks(x, y);
   // y[b, out] = x[b, in] · W[out, in]ᵀ, then + bias. A sum post-op could fold the bias into the
   // matmul, but the separate pass over a [b, out] tile is cheap next to the matmul.
@@ -56,6 +57,8 @@ void Dense::forward(const Tensor& x, Tensor& y, bool) {
 }
 
 void Dense::backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) {
+  if (x.device() == Device::cuda && x.dtype() != DType::f32 && dy.dtype() == x.dtype())
+    return backward_device_16(x, dy, dx);
   if (x.dtype() != DType::f32 || dy.dtype() != DType::f32 ||
       param_grad(kWeight).dtype() != DType::f32 || (dx && dx->dtype() != DType::f32))
     return backward_in_blocks(x, dy, dx);
@@ -127,6 +130,58 @@ void Dense::backward_in_blocks(const Tensor& x, const Tensor& dy, Tensor* dx) {
     }
     kernels::matmul(dy_f32, false, param_value(kWeight), false, *dx_f32);
     if (dx_f32 != &dx_rows_) kernels::cast(*dx_f32, dx_rows_);
+  }
+  kernels::cast(weight_grad_, param_grad(kWeight));
+  kernels::cast(bias_grad_, param_grad(kBias));
+}
+
+const Tensor& Dense::working_weight(const ComputeWorkspace& ws) {
+  const Tensor& weight = param_value(kWeight);  // a view of the f32 compute copy
+  const auto offset = static_cast<std::int64_t>(
+      (static_cast<const std::byte*>(weight.raw()) -
+       static_cast<const std::byte*>(ws.compute_params.raw())) / sizeof(float));
+  Tensor::view_into(w16_, ws.working_params, offset, {out_features_, in_features_});
+  return w16_;
+}
+
+void Dense::forward_device_16(const Tensor& x, Tensor& y) {
+  ComputeWorkspace& ws = workspace("forward");
+  const Tensor& weight = working_weight(ws);
+  const std::int64_t batch = x.dim(0);
+  for (std::int64_t row = 0; row < batch; row += ws.block_rows) {
+    const std::int64_t rows = std::min(ws.block_rows, batch - row);
+    Tensor::view_into(x_rows_, x, row * in_features_, {rows, in_features_});
+    Tensor::view_into(y_rows_, y, row * out_features_, {rows, out_features_});
+    Tensor* y_f32 = &y_rows_;  // the f32 logits directly; a 16-bit y after the bias, rounded
+    if (y.dtype() != DType::f32) {
+      Tensor::view_into(y_widened_, ws.output_rows, 0, {rows, out_features_});
+      y_f32 = &y_widened_;
+    }
+    kernels::matmul(x_rows_, false, weight, true, *y_f32);
+    kernels::bias_add_forward(*y_f32, param_value(kBias));
+    if (y_f32 != &y_rows_) kernels::cast(*y_f32, y_rows_);
+  }
+}
+
+void Dense::backward_device_16(const Tensor& x, const Tensor& dy, Tensor* dx) {
+  ComputeWorkspace& ws = workspace("backward");
+  const Tensor& weight = working_weight(ws);
+  const std::int64_t batch = x.dim(0);
+  Tensor::view_into(weight_grad_, ws.weight_grad, 0, {out_features_, in_features_});
+  Tensor::view_into(bias_grad_, ws.bias_grad, 0, {out_features_});
+  for (std::int64_t row = 0; row < batch; row += ws.block_rows) {
+    const std::int64_t rows = std::min(ws.block_rows, batch - row);
+    const bool first = row == 0;
+    Tensor::view_into(x_rows_, x, row * in_features_, {rows, in_features_});
+    Tensor::view_into(y_rows_, dy, row * out_features_, {rows, out_features_});
+    kernels::matmul(y_rows_, true, x_rows_, false, weight_grad_, first ? 0.f : 1.f);
+    // The bias sums need f32 rows of dy: widened into the scratch (out_features wide).
+    Tensor::view_into(y_widened_, ws.output_rows, 0, {rows, out_features_});
+    kernels::cast(y_rows_, y_widened_);
+    kernels::bias_add_backward(y_widened_, bias_grad_, /*accumulate=*/!first);
+    if (!dx) continue;
+    Tensor::view_into(dx_rows_, *dx, row * in_features_, {rows, in_features_});
+    kernels::matmul(y_rows_, false, weight, false, dx_rows_);  // 16-bit C: rounded by cuBLASLt
   }
   kernels::cast(weight_grad_, param_grad(kWeight));
   kernels::cast(bias_grad_, param_grad(kBias));

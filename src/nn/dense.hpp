@@ -29,6 +29,12 @@ class Dense final : public Layer {
   void forward_in_blocks(const Tensor& x, Tensor& y);
   void backward_in_blocks(const Tensor& x, const Tensor& dy, Tensor* dx);
   ComputeWorkspace& workspace(const char* caller) const;
+  // The cuda paths for 16-bit X (and DY): the 16-bit operands go straight to cuBLASLt with f32
+  // accumulation; only the bias works in f32.
+  void forward_device_16(const Tensor& x, Tensor& y);
+  void backward_device_16(const Tensor& x, const Tensor& dy, Tensor* dx);
+  // This layer's weight in the 16-bit working copy (a view, re-pointed in W16_).
+  const Tensor& working_weight(const ComputeWorkspace& ws);
   // ROWS rows of SRC [b, COLUMNS] from ROW on, as f32: a view of SRC when it is f32, else
   // widened into SCRATCH. ROWS_VIEW and WIDENED_VIEW are re-pointed (no allocation).
   static const Tensor& rows_as_f32(const Tensor& src, std::int64_t row, std::int64_t rows,
@@ -38,7 +44,7 @@ class Dense final : public Layer {
   std::int64_t in_features_;
   std::int64_t out_features_;
   // Views re-pointed for every block, kept so the step does not allocate their shapes.
-  Tensor x_rows_, x_widened_, y_rows_, y_widened_, dx_rows_, weight_grad_, bias_grad_;
+  Tensor x_rows_, x_widened_, y_rows_, y_widened_, dx_rows_, weight_grad_, bias_grad_, w16_;
 };
 
 }  // namespace mpt::nn

@@ -17,6 +17,10 @@ struct ComputeWorkspace {
   Tensor output_rows;  // f32 [block_rows * widest output]: y before rounding, or widened dy
   Tensor weight_grad;  // f32 [largest weight]: dW summed over the blocks, rounded at the end
   Tensor bias_grad;    // f32 [largest bias]
+  // On the cuda device: the model's flat 16-bit working weights and the f32 compute copy (same
+  // layout), so that a dense layer finds its 16-bit weight at its f32 weight's offset and
+  // feeds 16-bit operands straight to cuBLASLt. Undefined on the host.
+  Tensor working_params, compute_params;
 };
 
 }  // namespace mpt::nn

@@ -1,0 +1,27 @@
+# FindCUDNN: cuDNN from CUDNN_ROOT, the CUDA toolkit, the system or pip (nvidia-cudnn-cu*).
+# Defines CUDNN_FOUND, CUDNN_VERSION and the imported target CUDNN::cudnn.
+include(${CMAKE_CURRENT_LIST_DIR}/MptrainPipNvidia.cmake)
+mpt_find_nvidia_library(CUDNN cudnn.h cudnn cudnn)
+if(CUDNN_INCLUDE_DIR)
+  foreach(header cudnn_version.h cudnn.h)
+    if(EXISTS "${CUDNN_INCLUDE_DIR}/${header}" AND NOT CUDNN_VERSION)
+      file(STRINGS "${CUDNN_INCLUDE_DIR}/${header}" defines REGEX "#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) ")
+      foreach(part MAJOR MINOR PATCHLEVEL)
+        string(REGEX MATCH "CUDNN_${part} +([0-9]+)" _ "${defines}")
+        set(CUDNN_${part} "${CMAKE_MATCH_1}")
+      endforeach()
+      if(CUDNN_MAJOR)
+        set(CUDNN_VERSION "${CUDNN_MAJOR}.${CUDNN_MINOR}.${CUDNN_PATCHLEVEL}")
+      endif()
+    endif()
+  endforeach()
+endif()
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(CUDNN REQUIRED_VARS CUDNN_LIBRARY CUDNN_INCLUDE_DIR
+                                  VERSION_VAR CUDNN_VERSION)
+if(CUDNN_FOUND AND NOT TARGET CUDNN::cudnn)
+  add_library(CUDNN::cudnn UNKNOWN IMPORTED)
+  set_target_properties(CUDNN::cudnn PROPERTIES IMPORTED_LOCATION "${CUDNN_LIBRARY}"
+                        INTERFACE_INCLUDE_DIRECTORIES "${CUDNN_INCLUDE_DIR}")
+endif()
+mark_as_advanced(CUDNN_INCLUDE_DIR CUDNN_LIBRARY)

@@ -1,0 +1,76 @@
+// CUDA AdamW update (see kernels/adamw.hpp): the host's float expressions, fused with the
+// recast of the 16-bit working copy.
+#include <cmath>
+
+#include "kernels/adamw.hpp"
+#include "kernels/cuda/common.cuh"
+
+namespace mpt::kernels::cuda {
+
+void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
+                  const Tensor* decay_mask, const AdamwStep& step, Tensor* rounded,
+                  Tensor* widened) {
+  constexpr const char* op = "kernels::cuda::adamw_update";
+  require_cuda(op, "params must be f32 on the cuda device", params, DType::f32);
+  require_cuda(op, "grads must be f32 on the cuda device", grads, DType::f32);
+  require_cuda(op, "exp_avg must be f32 on the cuda device", exp_avg, DType::f32);
+  require_cuda(op, "exp_avg_sq must be f32 on the cuda device", exp_avg_sq, DType::f32);
+  const std::int64_t n = params.numel();
+  detail::require_pair(grads.numel() == n, op,
+                       "params and grads must have the same number of elements", params, grads);
+  detail::require_pair(exp_avg.numel() == n && exp_avg_sq.numel() == n, op,
+                       "exp_avg and exp_avg_sq must hold as many elements as params", exp_avg,
+                       exp_avg_sq);
+  const std::uint8_t* mask = nullptr;
+  if (decay_mask) {
+    detail::require(decay_mask->defined() && decay_mask->dtype() == DType::u8 &&
+                        decay_mask->numel() == n && decay_mask->device() == Device::cuda,
+                    op, "decay_mask must be u8 on the cuda device with as many elements as params",
+                    *decay_mask);
+    mask = decay_mask->data<std::uint8_t>();
+  }
+  std::uint16_t* out16 = nullptr;
+  float* out32 = nullptr;
+  bool f16 = true;
+  if (rounded) {
+    detail::require(rounded->defined() && rounded->device() == Device::cuda &&
+                        (rounded->dtype() == DType::f16 || rounded->dtype() == DType::bf16) &&
+                        rounded->numel() == n,
+                    op, "rounded must be f16 or bf16 on the cuda device, as long as params",
+                    *rounded);
+    out16 = static_cast<std::uint16_t*>(rounded->raw());
+    f16 = rounded->dtype() == DType::f16;
+  }
+  if (widened) {
+    detail::require(rounded != nullptr, op, "widened needs rounded", *widened);
+    require_cuda(op, "widened must be f32 on the cuda device", *widened, DType::f32);
+    detail::require_pair(widened->numel() == n, op, "widened must hold as many elements as params",
+                         params, *widened);
+    out32 = widened->data<float>();
+  }
+  float* p = params.data<float>();
+  const float* g = grads.data<float>();
+  float* m = exp_avg.data<float>();
+  float* v = exp_avg_sq.data<float>();
+  const float decay = 1.f - step.lr * step.weight_decay;
+  const float beta1 = step.beta1, beta2 = step.beta2, eps = step.eps;
+  const float step_size = static_cast<float>(step.lr / step.bias_correction1);
+  const float sqrt_bc2 = static_cast<float>(std::sqrt(step.bias_correction2));
+  launch_elementwise(op, n, [=] __device__(std::int64_t i) {
+    const float gi = g[i];
+    float pi = (mask == nullptr || mask[i]) ? p[i] * decay : p[i];
+    const float mi = beta1 * m[i] + (1.f - beta1) * gi;
+    const float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    pi -= step_size * mi / (sqrtf(vi) / sqrt_bc2 + eps);
+    p[i] = pi;
+    if (out16) {
+      const std::uint16_t bits = round16(pi, f16);
+      out16[i] = bits;
+      if (out32) out32[i] = widen16(bits, f16);
+    }
+  });
+}
+
+}  // namespace mpt::kernels::cuda

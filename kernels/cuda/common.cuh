@@ -1,0 +1,74 @@
+// Private to the CUDA kernels: error checks, the launch configuration, 16-bit conversions on the
+// device, and a reduction scratch buffer allocated once. Every launcher validates its tensors
+// (all on the cuda device), launches on the compute stream, and checks the launch.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/error.hpp"
+#include "core/tensor.hpp"
+#include "kernels/check.hpp"
+
+namespace mpt::kernels::cuda {
+
+inline bool cuda_ok(cudaError_t status) { return status == cudaSuccess; }
+std::string cuda_error_text(cudaError_t status);
+
+#define MPT_CHECK_CUDA(call) \
+  MPT_CHECK_GEN("CUDA", call, ::mpt::kernels::cuda::cuda_ok, ::mpt::kernels::cuda::cuda_error_text)
+
+// Aborts naming OP when the last launch failed (bad configuration, no device, ...).
+void check_launch(const char* op);
+// The compute stream. The legacy default stream for now, so that the synchronous copies of
+// Tensor::to and the host reads of reduction results are ordered after every kernel.
+inline cudaStream_t stream() { return nullptr; }
+
+inline constexpr int kThreads = 256;
+// Blocks for a grid-stride loop over N elements: enough to fill the device, never more than N needs.
+int blocks_for(std::int64_t n);
+
+// Device scratch for reduction results (at least 256 bytes, allocated on first use and kept),
+// and a host copy helper that waits for the result.
+void* reduction_scratch();
+void read_scratch(void* host, std::size_t bytes);
+
+// A defined tensor of DTYPE on the cuda device.
+inline void require_cuda(const char* op, const char* what, const Tensor& t, DType dtype) {
+  detail::require(t.defined() && t.dtype() == dtype && t.device() == Device::cuda, op, what, t);
+}
+inline bool is_float_dtype(DType dtype) {
+  return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
+}
+
+// 16-bit storage <-> f32 on the device: exact widening, round to nearest even (Inf and NaN kept,
+// fp16 overflow to Inf), bit for bit what the host converters do.
+__device__ inline float widen16(std::uint16_t bits, bool is_f16) {
+  return is_f16 ? __half2float(__ushort_as_half(bits)) : __uint_as_float(std::uint32_t{bits} << 16);
+}
+__device__ inline std::uint16_t round16(float value, bool is_f16) {
+  return is_f16 ? __half_as_ushort(__float2half_rn(value))
+                : __bfloat16_as_ushort(__float2bfloat16_rn(value));
+}
+
+template <class Body>
+__global__ void elementwise_kernel(std::int64_t n, Body body) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride)
+    body(i);
+}
+
+// Runs BODY(i) for i in [0, n) on the device (BODY: a __device__ lambda capturing by value).
+template <class Body>
+void launch_elementwise(const char* op, std::int64_t n, Body body) {
+  if (n <= 0) return;
+  elementwise_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(n, body);
+  check_launch(op);
+}
+
+}  // namespace mpt::kernels::cuda

@@ -1,0 +1,130 @@
+// CUDA softmax cross-entropy (see kernels/softmax_xent.hpp): one warp per row. The row maximum
+// (first maximum on ties, as torch.argmax), the exp sum in double and the gradient follow the
+// host's arithmetic; the batch sums meet in double and integer atomics.
+#include <limits>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/softmax_xent.hpp"
+
+namespace mpt::kernels::cuda {
+namespace {
+
+struct Totals {
+  double loss_sum;
+  unsigned long long correct;
+  unsigned long long first_bad_row;
+};
+
+constexpr int kRowsPerBlock = kThreads / 32;
+
+__global__ void xent_kernel(const float* logits, const std::int32_t* labels, float* dlogits,
+                            std::int64_t rows, std::int64_t classes, float grad_scale,
+                            Totals* totals) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const float* x = logits + row * classes;
+  float* dx = dlogits ? dlogits + row * classes : nullptr;
+  const std::int32_t label = labels[row];
+  if (label < 0 || label >= classes) {
+    if (label != kIgnoreLabel && lane == 0)
+      atomicMin(&totals->first_bad_row, static_cast<unsigned long long>(row));
+    if (dx)
+      for (std::int64_t j = lane; j < classes; j += 32) dx[j] = 0.f;
+    return;
+  }
+  float max_logit = -INFINITY;
+  std::int64_t argmax = classes;
+  for (std::int64_t j = lane; j < classes; j += 32) {  // this lane's first maximum
+    const float v = x[j];
+    if (argmax == classes || v > max_logit) {
+      max_logit = v;
+      argmax = j;
+    }
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other = __shfl_down_sync(0xffffffffu, max_logit, offset);
+    const std::int64_t other_arg = __shfl_down_sync(0xffffffffu, argmax, offset);
+    if (other_arg < classes &&
+        (argmax == classes || other > max_logit || (other == max_logit && other_arg < argmax))) {
+      max_logit = other;
+      argmax = other_arg;
+    }
+  }
+  max_logit = __shfl_sync(0xffffffffu, max_logit, 0);
+  argmax = __shfl_sync(0xffffffffu, argmax, 0);
+  double exp_sum = 0;
+  for (std::int64_t j = lane; j < classes; j += 32) {
+    const float e = expf(x[j] - max_logit);
+    if (dx) dx[j] = e;
+    exp_sum += e;
+  }
+  for (int offset = 16; offset > 0; offset /= 2)
+    exp_sum += __shfl_down_sync(0xffffffffu, exp_sum, offset);
+  exp_sum = __shfl_sync(0xffffffffu, exp_sum, 0);
+  if (dx) {
+    const float factor = static_cast<float>(grad_scale / exp_sum);
+    for (std::int64_t j = lane; j < classes; j += 32) {
+      const float g = dx[j] * factor;
+      dx[j] = j == label ? g - grad_scale : g;
+    }
+  }
+  if (lane == 0) {
+    atomicAdd(&totals->loss_sum,
+              static_cast<double>(max_logit) + log(exp_sum) - static_cast<double>(x[label]));
+    if (argmax == label) atomicAdd(&totals->correct, 1ull);
+  }
+}
+
+XentStats run(const char* op, const Tensor& logits, const Tensor& labels, Tensor* dlogits,
+              float grad_scale) {
+  require_cuda(op, "logits must be f32 on the cuda device", logits, DType::f32);
+  detail::require(logits.rank() == 2 && logits.dim(1) > 0, op,
+                  "logits must be [batch, classes] with classes > 0", logits);
+  require_cuda(op, "labels must be 1-D int32 on the cuda device", labels, DType::i32);
+  detail::require(labels.rank() == 1, op, "labels must be 1-D int32 on the cuda device", labels);
+  detail::require_pair(labels.dim(0) == logits.dim(0), op,
+                       "labels must have one entry per row of logits", logits, labels);
+  if (dlogits) {
+    require_cuda(op, "dlogits must be f32 on the cuda device", *dlogits, DType::f32);
+    detail::require_pair(dlogits->shape() == logits.shape(), op,
+                         "dlogits must have the shape of logits", logits, *dlogits);
+  }
+  static_assert(sizeof(Totals) <= 256, "Totals must fit the reduction scratch");
+  auto* totals = static_cast<Totals*>(reduction_scratch());
+  const Totals start{0.0, 0ull, std::numeric_limits<unsigned long long>::max()};
+  MPT_CHECK_CUDA(cudaMemcpyAsync(totals, &start, sizeof start, cudaMemcpyHostToDevice, stream()));
+  const std::int64_t rows = logits.dim(0);
+  if (rows > 0) {
+    const auto blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    xent_kernel<<<blocks, kThreads, 0, stream()>>>(logits.data<float>(),
+                                                   labels.data<std::int32_t>(),
+                                                   dlogits ? dlogits->data<float>() : nullptr,
+                                                   rows, logits.dim(1), grad_scale, totals);
+    check_launch(op);
+  }
+  Totals result{};
+  read_scratch(&result, sizeof result);
+  if (result.first_bad_row != std::numeric_limits<unsigned long long>::max()) {
+    const auto row = static_cast<std::int64_t>(result.first_bad_row);
+    std::int32_t label = 0;
+    MPT_CHECK_CUDA(cudaMemcpy(&label, labels.data<std::int32_t>() + row, sizeof label,
+                              cudaMemcpyDeviceToHost));
+    abort_job(std::string(op) + ": label " + std::to_string(label) + " of row " +
+              std::to_string(row) + " is outside [0, " + std::to_string(logits.dim(1)) + ")");
+  }
+  return XentStats{result.loss_sum, static_cast<std::int64_t>(result.correct)};
+}
+
+}  // namespace
+
+XentStats softmax_xent_forward(const Tensor& logits, const Tensor& labels) {
+  return run("kernels::cuda::softmax_xent_forward", logits, labels, nullptr, 0.f);
+}
+
+XentStats softmax_xent_forward_backward(const Tensor& logits, const Tensor& labels, Tensor& dlogits,
+                                        float grad_scale) {
+  return run("kernels::cuda::softmax_xent_forward_backward", logits, labels, &dlogits, grad_scale);
+}
+
+}  // namespace mpt::kernels::cuda

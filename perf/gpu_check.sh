@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# One-shot GPU check for a bare GPU machine (issue #8): configure, build, run tests/gpu and
+# perf/gpu/gpu_bench, run the same mlp in PyTorch AMP (perf/pytorch_gpu.py) and a PyTorch GEMM
+# peer, and print a table of mptrain/PyTorch ratios (also to $OUT/gpu_check.txt when $OUT is
+# set). Needs: the CUDA toolkit (nvcc), CMake >= 3.25, a C++20 compiler, python3 with torch.
+# Builds the GPU-only subset unless MPI, HDF5, Boost and Kokkos are all present. Aims to finish
+# in about 1-2 minutes on one H200 (62 s on 2026-11-29); every stage has its own timeout.
+set -uo pipefail
+
+usage() {
+  cat <<'USAGE'
+Usage: perf/gpu_check.sh [--steps N] [--batch B] [--build-dir DIR] [--jobs J]
+  --steps N      timed training steps per precision (default 200)
+  --batch B      samples per step (default 256)
+  --build-dir D  build folder (default build/gpu-check)
+  --jobs J       build jobs (default: all cores)
+USAGE
+}
+
+steps=200
+batch=256
+build=build/gpu-check
+jobs=$(nproc 2>/dev/null || echo 4)
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --steps) steps=$2; shift 2 ;;
+    --batch) batch=$2; shift 2 ;;
+    --build-dir) build=$2; shift 2 ;;
+    --jobs) jobs=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+stage() { echo; echo "== [$(( $(date +%s) - start ))s] $*"; }
+# The first Python that has torch (python3 on PATH, else the system one).
+python=python3
+for candidate in python3 /usr/bin/python3 python; do
+  if command -v "$candidate" >/dev/null && "$candidate" -c "import torch" 2>/dev/null; then
+    python=$candidate
+    break
+  fi
+done
+export PATH=$PATH:/usr/local/cuda/bin
+
+stage "GPU"
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>/dev/null || true
+echo "GPU: ${gpu_name:-none found by nvidia-smi}"
+cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
+arch=${cap:-80;90}
+nvcc --version | tail -1
+
+stage "configure ($build, CUDA architectures $arch)"
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+timeout 300 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DMPTRAIN_ENABLE_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$arch" -DMPTRAIN_ENABLE_BENCHMARKS=OFF \
+  | grep -E "mptrain|Found|GPU-only|Error|error" || true
+if ! grep -q "^MPTRAIN_GPU_ONLY_BUILD" "$build/CMakeCache.txt" 2>/dev/null; then
+  echo "gpu_check.sh: configure failed" >&2
+  exit 1
+fi
+targets=(gpu_kernels gpu_model gpu_case_table gpu_host_reference gpu_bench)
+# With MPI, HDF5, Boost and Kokkos present the full trainer is built too.
+grep -q '^MPTRAIN_GPU_ONLY_BUILD:INTERNAL=OFF' "$build/CMakeCache.txt" && targets+=(mptrain)
+echo "targets: ${targets[*]}"
+
+stage "build (${targets[*]}, $jobs jobs)"
+if ! timeout 400 cmake --build "$build" -j "$jobs" --target "${targets[@]}" > "$build/build.log" 2>&1; then
+  grep -E "error|FAILED" "$build/build.log" | head -40
+  echo "gpu_check.sh: build failed (log: $build/build.log)" >&2
+  exit 1
+fi
+tail -1 "$build/build.log"
+
+stage "tests/gpu (ctest -L gpu)"
+timeout 300 ctest --test-dir "$build" -L gpu -V > "$build/ctest.log" 2>&1
+ctest_rc=$?
+# Every case and the failures in full; passing checks only as a count.
+grep -E "FAIL|: case |: pending |gpu_kernels on|[0-9]+ passed, [0-9]+ failed|tests passed|tests failed|Skipped|SKIPPED|\*\*\*" \
+  "$build/ctest.log" | tail -80
+tests_line=$(grep -oE "[0-9]+ passed, [0-9]+ failed" "$build/ctest.log" | tr '\n' ';')
+echo "ctest exit status: $ctest_rc"
+if [[ -n $gpu_name ]] && grep -q "SKIPPED: no CUDA device" "$build/ctest.log"; then
+  echo "gpu_check.sh: nvidia-smi sees '$gpu_name' but the tests found no CUDA device" \
+       "(driver older than the CUDA $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') runtime?)" >&2
+  ctest_rc=1
+fi
+
+stage "gpu_bench (steps $steps, batch $batch)"
+timeout 240 "$build/perf/gpu/gpu_bench" --steps "$steps" --batch "$batch" | tee "$build/gpu_bench.log"
+
+stage "PyTorch peers (perf/pytorch_gpu.py and torch.matmul)"
+: > "$build/pytorch.log"
+for precision in fp32 fp16 bf16; do
+  timeout 120 "$python" perf/pytorch_gpu.py --model mlp --batch "$batch" --steps "$steps" \
+    --precision "$precision" 2>&1 | tee -a "$build/pytorch.log"
+done
+timeout 120 "$python" - <<'PY' 2>&1 | tee -a "$build/pytorch.log"
+import torch
+if torch.cuda.is_available():
+    for size in (1024, 4096, 8192):
+        for name, dtype in (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
+            a = torch.rand(size, size, device="cuda", dtype=dtype)
+            b = torch.rand(size, size, device="cuda", dtype=dtype)
+            calls = 200 if size <= 1024 else 40 if size <= 4096 else 10
+            for _ in range(3):
+                a @ b
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                a @ b
+            stop.record()
+            torch.cuda.synchronize()
+            seconds = start.elapsed_time(stop) / 1e3
+            print(f"torch-gemm precision={name} m=n=k={size} tflops={2 * size**3 * calls / seconds / 1e12:.1f}")
+PY
+
+stage "summary"
+field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
+{
+  echo "GPU check $(date -u '+%Y-%m-%d %H:%M UTC') on ${gpu_name:-unknown GPU} (CUDA arch $arch)"
+  echo "tests/gpu: ${tests_line:-no result} (ctest exit $ctest_rc)"
+  echo
+  echo "| model | precision | batch | mptrain nn::Model samples/s | mptrain-kernels samples/s | PyTorch samples/s | nn::Model / PyTorch | kernels / PyTorch |"
+  echo "|---|---|---|---|---|---|---|---|"
+  for precision in fp32 fp16 bf16; do
+    model=$(grep "mptrain-model model=mlp precision=$precision " "$build/gpu_bench.log" | field samples_per_s)
+    ours=$(grep "mptrain-kernels model=mlp precision=$precision " "$build/gpu_bench.log" | field samples_per_s)
+    theirs=$(grep "pytorch model=mlp precision=$precision " "$build/pytorch.log" | field samples_per_s)
+    ratio_model=$(awk -v a="$model" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
+    ratio=$(awk -v a="$ours" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
+    echo "| mlp | $precision | $batch | ${model:-n/a} | ${ours:-n/a} | ${theirs:-n/a} | $ratio_model | $ratio |"
+  done
+  echo
+  echo "| GEMM m=n=k | precision | mptrain cuBLASLt TFLOP/s | torch.matmul TFLOP/s | ratio |"
+  echo "|---|---|---|---|---|"
+  for size in 1024 4096 8192; do
+    for precision in fp32 fp16 bf16; do
+      ours=$(grep "^gemm precision=$precision m=n=k=$size " "$build/gpu_bench.log" | field tflops)
+      theirs=$(grep "^torch-gemm precision=$precision m=n=k=$size " "$build/pytorch.log" | field tflops)
+      ratio=$(awk -v a="$ours" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
+      echo "| $size | $precision | ${ours:-n/a} | ${theirs:-n/a} | $ratio |"
+    done
+  done
+  echo
+  echo "total time $(( $(date +%s) - start )) s"
+} | tee "$build/gpu_check.txt"
+if [[ -n ${OUT:-} ]]; then
+  cp "$build/gpu_check.txt" "$OUT/gpu_check.txt"
+  cp "$build/ctest.log" "$build/gpu_bench.log" "$build/pytorch.log" "$OUT/" 2>/dev/null || true
+fi
+exit $(( ctest_rc != 0 ))

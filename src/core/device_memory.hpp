@@ -1,0 +1,30 @@
+// Raw device memory for Tensor storage and copies between devices. In a CUDA build
+// (MPTRAIN_HAVE_CUDA) this wraps cudaMalloc, cudaMemset and cudaMemcpy; otherwise every cuda
+// request aborts with a message that says the build has no CUDA, and the device count is 0.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "core/tensor.hpp"
+
+namespace mpt::device_memory {
+
+// True when this build was compiled with CUDA.
+bool cuda_built();
+// The number of CUDA devices this process can see; 0 without CUDA, a driver or a device (never
+// aborts: callers use it to skip GPU work).
+int cuda_device_count();
+// "NVIDIA H200 (sm_90, 139 GiB)" for the current device, or why there is none.
+std::string cuda_device_description();
+
+// BYTES of zero-filled memory on the cuda device; aborts on failure, naming the size.
+void* allocate_cuda(std::size_t bytes);
+void free_cuda(void* pointer);  // never aborts: called from destructors, maybe after shutdown
+void zero_cuda(void* pointer, std::size_t bytes);
+// Copies BYTES between any two devices; synchronous with respect to the host.
+void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
+// Waits for all work queued on the current cuda device (no-op without CUDA).
+void synchronize();
+
+}  // namespace mpt::device_memory

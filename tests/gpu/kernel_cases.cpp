@@ -1,0 +1,325 @@
+// The kernel cases of kernel_cases.hpp: each runs kernels::<op> on host tensors and on their
+// copies on the cuda device (the headers dispatch on the device), then compares.
+#include "tests/gpu/kernel_cases.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/adamw.hpp"
+#include "kernels/bias.hpp"
+#include "kernels/cast.hpp"
+#include "kernels/copy.hpp"
+#include "kernels/finite.hpp"
+#include "kernels/gelu.hpp"
+#include "kernels/matmul.hpp"
+#include "kernels/norm.hpp"
+#include "kernels/normalize.hpp"
+#include "kernels/relu.hpp"
+#include "kernels/scale.hpp"
+#include "kernels/sgd.hpp"
+#include "kernels/softmax_xent.hpp"
+#include "kernels/unscale_check.hpp"
+
+namespace mpt::gpu_test {
+namespace {
+
+constexpr std::int64_t kN = 100003;  // several blocks and chunks, and a ragged tail
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr DType kFloatTypes[] = {DType::f32, DType::f16, DType::bf16};
+
+Tensor dev(const Tensor& host) { return host.to(Device::cuda); }
+std::string tag(DType dtype) { return std::string(" [") + dtype_name(dtype) + "]"; }
+
+// Sprinkles zeros, signed zeros, Inf and NaN, which every elementwise kernel must pass through.
+void plant_specials(Tensor& t) {
+  const float specials[] = {0.f, -0.f, kInf, -kInf, kNaN, 1e-40f, -1e-40f, 7e4f, -7e4f};
+  std::int64_t i = 0;
+  for (float value : specials) set_element(t, (i += 977) % t.numel(), value);
+}
+
+}  // namespace
+
+void case_relu(Harness& h, Random& rng) {
+  for (DType dtype : kFloatTypes) {
+    Tensor x = rng.tensor({kN}, dtype);
+    plant_specials(x);
+    Tensor y(x.shape(), dtype), dx(x.shape(), dtype);
+    Tensor dy = rng.tensor({kN}, dtype);
+    Tensor xd = dev(x), yd(x.shape(), dtype, Device::cuda), dyd = dev(dy),
+           dxd(x.shape(), dtype, Device::cuda);
+    kernels::relu_forward(x, y);
+    kernels::relu_forward(xd, yd);
+    h.expect_same_bytes("relu_forward" + tag(dtype), yd, y);
+    kernels::relu_backward(y, dy, dx);
+    kernels::relu_backward(yd, dyd, dxd);
+    h.expect_same_bytes("relu_backward" + tag(dtype), dxd, dx);
+  }
+}
+
+void case_gelu(Harness& h, Random& rng) {
+  Tensor x = rng.tensor({kN}, DType::f32, -6.f, 6.f), dy = rng.tensor({kN}, DType::f32);
+  Tensor y(x.shape(), DType::f32), dx(x.shape(), DType::f32);
+  Tensor xd = dev(x), dyd = dev(dy), yd(x.shape(), DType::f32, Device::cuda),
+         dxd(x.shape(), DType::f32, Device::cuda);
+  kernels::gelu_forward(x, y);
+  kernels::gelu_forward(xd, yd);
+  h.expect_close("gelu_forward", yd, y, kF32Transcendental);
+  kernels::gelu_backward(x, dy, dx);
+  kernels::gelu_backward(xd, dyd, dxd);
+  h.expect_close("gelu_backward", dxd, dx, kF32Transcendental);
+}
+
+void case_bias(Harness& h, Random& rng) {
+  for (auto [batch, features] : {std::pair<std::int64_t, std::int64_t>{256, 1024}, {37, 10}}) {
+    const std::string dims = " [" + std::to_string(batch) + "x" + std::to_string(features) + "]";
+    Tensor y = rng.tensor({batch, features}, DType::f32), b = rng.tensor({features}, DType::f32);
+    Tensor yd = dev(y), bd = dev(b);
+    kernels::bias_add_forward(y, b);
+    kernels::bias_add_forward(yd, bd);
+    h.expect_close("bias_add_forward" + dims, yd, y, kF32Elementwise);
+    for (bool accumulate : {false, true}) {
+      Tensor db = rng.tensor({features}, DType::f32);
+      Tensor dbd = dev(db);
+      kernels::bias_add_backward(y, db, accumulate);
+      kernels::bias_add_backward(yd, dbd, accumulate);
+      h.expect_close(std::string("bias_add_backward") + (accumulate ? " accumulate" : "") + dims, dbd,
+                     db, kF32Reduction);
+    }
+  }
+}
+
+void case_cast(Harness& h, Random& rng) {
+  for (DType from : kFloatTypes)
+    for (DType to : kFloatTypes) {
+      Tensor src = rng.tensor({kN}, from, -7e4f, 7e4f);  // beyond fp16's range: Inf
+      plant_specials(src);
+      Tensor dst({kN}, to), dstd({kN}, to, Device::cuda);
+      kernels::cast(src, dst);
+      kernels::cast(dev(src), dstd);
+      h.expect_close(std::string("cast ") + dtype_name(from) + " -> " + dtype_name(to), dstd, dst,
+                     kExact);
+    }
+  for (DType to : {DType::f16, DType::bf16}) {
+    Tensor src = rng.tensor({kN}, DType::f32, -100.f, 100.f);
+    plant_specials(src);
+    Tensor rounded({kN}, to), widened({kN}, DType::f32);
+    Tensor roundedd({kN}, to, Device::cuda), widenedd({kN}, DType::f32, Device::cuda);
+    kernels::round_and_widen(src, rounded, widened);
+    kernels::round_and_widen(dev(src), roundedd, widenedd);
+    h.expect_close("round_and_widen rounded" + tag(to), roundedd, rounded, kExact);
+    h.expect_close("round_and_widen widened" + tag(to), widenedd, widened, kExact);
+  }
+}
+
+void case_copy(Harness& h, Random& rng) {
+  Tensor x = rng.tensor({3, 1000, 7}, DType::f32);
+  Tensor on_device(x.shape(), DType::f32, Device::cuda), back(x.shape(), DType::f32);
+  kernels::copy(x, on_device);
+  Tensor again = on_device.to(Device::cuda);  // device -> device
+  kernels::copy(again, back);
+  h.expect_same_bytes("copy host -> device -> device -> host", back, x);
+  on_device.zero();
+  h.expect_same_bytes("Tensor::zero on the device", on_device, Tensor(x.shape(), DType::f32));
+}
+
+void case_scale(Harness& h, Random& rng) {
+  Tensor x = rng.tensor({kN}, DType::f32);
+  plant_specials(x);
+  Tensor xd = dev(x);
+  kernels::scale_inplace(x, 0.125f / 3.f);
+  kernels::scale_inplace(xd, 0.125f / 3.f);
+  h.expect_close("scale_inplace", xd, x, kExact);
+}
+
+void case_normalize(Harness& h, Random& rng) {
+  Tensor in({kN}, DType::u8);
+  for (std::int64_t i = 0; i < kN; ++i) in.data<std::uint8_t>()[i] = static_cast<std::uint8_t>(rng.next());
+  Tensor out({kN}, DType::f32), outd({kN}, DType::f32, Device::cuda);
+  kernels::normalize_u8(in, out, 1.f / (255.f * 0.3081f), -0.1307f / 0.3081f);
+  kernels::normalize_u8(dev(in), outd, 1.f / (255.f * 0.3081f), -0.1307f / 0.3081f);
+  h.expect_close("normalize_u8", outd, out, kF32Elementwise);
+}
+
+void case_finite(Harness& h, Random& rng) {
+  for (DType dtype : kFloatTypes)
+    for (float poison : {1.f, kInf, -kInf, kNaN}) {
+      Tensor x = rng.tensor({kN}, dtype);
+      set_element(x, kN - 1, poison);  // the very last element: the tail must be seen
+      const bool want = kernels::all_finite(x);
+      const bool got = kernels::all_finite(dev(x));
+      h.expect(got == want && want == std::isfinite(poison),
+               "all_finite" + tag(dtype) + " last=" + std::to_string(poison),
+               "got " + std::to_string(got) + ", host " + std::to_string(want));
+    }
+}
+
+void case_norm(Harness& h, Random& rng) {
+  Tensor x = rng.tensor({1000003}, DType::f32, -3.f, 3.f);
+  h.expect_near("sum_of_squares", kernels::sum_of_squares(dev(x)), kernels::sum_of_squares(x),
+                {1e-12, 0});
+}
+
+void case_unscale_check(Harness& h, Random& rng) {
+  // 60 buckets of every dtype and of sizes from 1 to 3 chunks: more than one launch's worth.
+  for (bool poisoned : {false, true}) {
+    std::vector<Tensor> in, out, ind, outd;
+    for (int b = 0; b < 60; ++b) {
+      const DType dtype = kFloatTypes[b % 3];
+      const std::int64_t n = 1 + (b * 977) % 9000;
+      Tensor x = rng.tensor({n}, dtype, -100.f, 100.f);
+      if (poisoned && b == 59) set_element(x, n - 1, kInf);
+      in.push_back(x);
+      out.emplace_back(Shape{n}, DType::f32);
+      ind.push_back(dev(x));
+      outd.emplace_back(Shape{n}, DType::f32, Device::cuda);
+    }
+    const bool want = kernels::unscale_and_check(in, out, 1.f / 1024.f);
+    const bool got = kernels::unscale_and_check(ind, outd, 1.f / 1024.f);
+    const std::string label = std::string("unscale_and_check") + (poisoned ? " (Inf in the last bucket)" : "");
+    h.expect(got == want && want == !poisoned, label + ": finite flag",
+             "got " + std::to_string(got) + ", host " + std::to_string(want));
+    bool same = true;
+    for (std::size_t b = 0; b < in.size(); ++b) {
+      const Tensor g = host_f32(outd[b]);
+      const Tensor w = out[b];
+      for (std::int64_t i = 0; i < w.numel() && same; ++i) {
+        const float a = g.data<float>()[i], c = w.data<float>()[i];
+        same = a == c || (std::isnan(a) && std::isnan(c));
+      }
+    }
+    h.expect(same, label + ": unscaled values identical", "some bucket differs");
+  }
+}
+
+void case_softmax_xent(Harness& h, Random& rng) {
+  for (auto [batch, classes] : {std::pair<std::int64_t, std::int64_t>{256, 10}, {67, 1000}}) {
+    const std::string dims = " [" + std::to_string(batch) + "x" + std::to_string(classes) + "]";
+    Tensor logits = rng.tensor({batch, classes}, DType::f32, -8.f, 8.f);
+    // A tie for the maximum in row 0: both must pick the first.
+    logits.data<float>()[3] = logits.data<float>()[7] = 20.f;
+    Tensor labels({batch}, DType::i32);
+    for (std::int64_t i = 0; i < batch; ++i)
+      labels.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng.next() % classes);
+    labels.data<std::int32_t>()[0] = 3;
+    labels.data<std::int32_t>()[1] = kernels::kIgnoreLabel;
+    Tensor logitsd = dev(logits), labelsd = dev(labels);
+    const auto want = kernels::softmax_xent_forward(logits, labels);
+    const auto got = kernels::softmax_xent_forward(logitsd, labelsd);
+    h.expect_near("softmax_xent_forward loss" + dims, got.loss_sum, want.loss_sum, {1e-6, 0});
+    h.expect(got.correct == want.correct, "softmax_xent_forward correct" + dims,
+             std::to_string(got.correct) + " vs " + std::to_string(want.correct));
+    Tensor dl(logits.shape(), DType::f32), dld(logits.shape(), DType::f32, Device::cuda);
+    const float grad_scale = 1024.f / static_cast<float>(batch);
+    const auto want2 = kernels::softmax_xent_forward_backward(logits, labels, dl, grad_scale);
+    const auto got2 = kernels::softmax_xent_forward_backward(logitsd, labelsd, dld, grad_scale);
+    h.expect_near("softmax_xent_forward_backward loss" + dims, got2.loss_sum, want2.loss_sum,
+                  {1e-6, 0});
+    h.expect_close("softmax_xent_forward_backward dlogits" + dims, dld, dl,
+                   {1e-5, 1e-6 * grad_scale});
+  }
+}
+
+void case_sgd(Harness& h, Random& rng) {
+  struct Setting {
+    float momentum;
+    bool nesterov, first_step;
+    DType recast;  // f32: no recast
+  };
+  for (const Setting s : {Setting{0.f, false, false, DType::f32}, Setting{0.9f, false, true, DType::f16},
+                          Setting{0.9f, true, false, DType::bf16}, Setting{0.9f, false, false, DType::f32}}) {
+    const std::string label = "sgd_update momentum=" + std::to_string(s.momentum) +
+                              (s.nesterov ? " nesterov" : "") + (s.first_step ? " first" : "") +
+                              " recast=" + dtype_name(s.recast);
+    Tensor p = rng.tensor({kN}, DType::f32), g = rng.tensor({kN}, DType::f32),
+           buf = rng.tensor({kN}, DType::f32);
+    Tensor pd = dev(p), gd = dev(g), bufd = dev(buf);
+    const bool recast = s.recast != DType::f32;
+    Tensor r({kN}, recast ? s.recast : DType::f16), w({kN}, DType::f32);
+    Tensor rd({kN}, r.dtype(), Device::cuda), wd({kN}, DType::f32, Device::cuda);
+    kernels::sgd_update(p, g, buf, 0.05f, s.momentum, 1e-4f, s.nesterov, s.first_step,
+                        recast ? &r : nullptr, recast ? &w : nullptr);
+    kernels::sgd_update(pd, gd, bufd, 0.05f, s.momentum, 1e-4f, s.nesterov, s.first_step,
+                        recast ? &rd : nullptr, recast ? &wd : nullptr);
+    h.expect_close(label + ": params", pd, p, kF32Elementwise);
+    if (s.momentum != 0.f) h.expect_close(label + ": buffer", bufd, buf, kF32Elementwise);
+    if (recast) {
+      // The rounding of a master that differs in its last bit may differ by one 16-bit ulp.
+      h.expect_close(label + ": working copy", rd, r,
+                     {s.recast == DType::f16 ? 1e-3 : 8e-3, 1e-7});
+      h.expect_close(label + ": widened", wd, w, {s.recast == DType::f16 ? 1e-3 : 8e-3, 1e-7});
+    }
+  }
+}
+
+void case_adamw(Harness& h, Random& rng) {
+  for (bool masked : {false, true}) {
+    const std::string label = std::string("adamw_update") + (masked ? " masked, recast bf16" : "");
+    Tensor p = rng.tensor({kN}, DType::f32), g = rng.tensor({kN}, DType::f32);
+    Tensor m = rng.tensor({kN}, DType::f32, -0.1f, 0.1f), v = rng.tensor({kN}, DType::f32, 0.f, 0.01f);
+    Tensor mask({kN}, DType::u8);
+    for (std::int64_t i = 0; i < kN; ++i) mask.data<std::uint8_t>()[i] = static_cast<std::uint8_t>(i % 3 != 0);
+    Tensor pd = dev(p), gd = dev(g), md = dev(m), vd = dev(v), maskd = dev(mask);
+    kernels::AdamwStep step;
+    step.lr = 1e-3f;
+    step.weight_decay = 0.01f;
+    step.bias_correction1 = 1 - std::pow(0.9, 3);
+    step.bias_correction2 = 1 - std::pow(0.999, 3);
+    Tensor r({kN}, DType::bf16), w({kN}, DType::f32);
+    Tensor rd({kN}, DType::bf16, Device::cuda), wd({kN}, DType::f32, Device::cuda);
+    kernels::adamw_update(p, g, m, v, masked ? &mask : nullptr, step, masked ? &r : nullptr,
+                          masked ? &w : nullptr);
+    kernels::adamw_update(pd, gd, md, vd, masked ? &maskd : nullptr, step, masked ? &rd : nullptr,
+                          masked ? &wd : nullptr);
+    h.expect_close(label + ": params", pd, p, kF32Transcendental);
+    h.expect_close(label + ": exp_avg", md, m, kF32Elementwise);
+    h.expect_close(label + ": exp_avg_sq", vd, v, kF32Elementwise);
+    if (masked) h.expect_close(label + ": working copy", rd, r, {8e-3, 1e-7});
+  }
+}
+
+void case_matmul(Harness& h, Random& rng) {
+  struct Shape3 {
+    std::int64_t m, n, k;
+  };
+  for (const Shape3 s : {Shape3{256, 1024, 784}, Shape3{37, 10, 129}, Shape3{64, 64, 0}})
+    for (DType ab : kFloatTypes)
+      for (DType c_type : {DType::f32, ab})
+        for (int transposes = 0; transposes < 4; ++transposes) {
+          if (ab == DType::f32 && c_type != DType::f32) continue;
+          const bool ta = transposes & 1, tb = transposes & 2;
+          const float beta = transposes == 3 ? 1.f : 0.f;
+          char label[160];
+          std::snprintf(label, sizeof label, "matmul m=%lld n=%lld k=%lld %s%s %s -> %s beta=%g",
+                        static_cast<long long>(s.m), static_cast<long long>(s.n),
+                        static_cast<long long>(s.k), ta ? "A^T" : "A", tb ? "B^T" : "B",
+                        dtype_name(ab), dtype_name(c_type), beta);
+          Tensor a = rng.tensor(ta ? Shape{s.k, s.m} : Shape{s.m, s.k}, ab);
+          Tensor b = rng.tensor(tb ? Shape{s.n, s.k} : Shape{s.k, s.n}, ab);
+          Tensor c0 = rng.tensor({s.m, s.n}, c_type);
+          // The host twin computes in f32 on the widened inputs; the size of the summed
+          // products, sum |a||b|, sets the tolerance.
+          Tensor a32 = host_f32(a), b32 = host_f32(b), c32 = host_f32(c0);
+          Tensor abs_a = host_f32(a), abs_b = host_f32(b), size({s.m, s.n}, DType::f32);
+          for (Tensor* t : {&abs_a, &abs_b})
+            for (std::int64_t i = 0; i < t->numel(); ++i) t->data<float>()[i] = std::abs(t->data<float>()[i]);
+          kernels::matmul(a32, ta, b32, tb, c32, beta);
+          kernels::matmul(abs_a, ta, abs_b, tb, size, 0.f);
+          if (beta != 0.f) {
+            const Tensor c0_wide = host_f32(c0);
+            for (std::int64_t i = 0; i < size.numel(); ++i)
+              size.data<float>()[i] += std::abs(c0_wide.data<float>()[i]);
+          }
+          Tensor cd = dev(c0);
+          kernels::matmul(dev(a), ta, dev(b), tb, cd, beta);
+          const Tolerance tol = c_type == DType::f16    ? kMatmulF16Out
+                                : c_type == DType::bf16 ? kMatmulBf16Out
+                                                        : kMatmulF32;
+          h.expect_close(label, cd, c32, tol, &size);
+        }
+}
+
+}  // namespace mpt::gpu_test

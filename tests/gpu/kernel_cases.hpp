@@ -1,0 +1,64 @@
+// THE table of kernel test cases: one row per op header in kernels/, naming the case that runs
+// its CUDA twin against the host kernel (tests/gpu/kernel_cases.cpp). gpu_kernels runs every
+// case on a GPU; gpu_case_table (a CPU test, in CI) fails when a header in kernels/ has no row,
+// or when a header that declares cuda:: twins is still marked host-only. So a new op cannot
+// get a CUDA kernel without a test, nor a header without a decision.
+#pragma once
+
+#include "tests/gpu/harness.hpp"
+
+namespace mpt::gpu_test {
+
+enum class CaseStatus {
+  cuda,         // the op has a CUDA twin; RUN compares it with the host kernel
+  host_pending  // host-only for now (its CUDA twin is pending); RUN is null
+};
+
+using CaseFn = void (*)(Harness&, Random&);
+
+struct KernelCase {
+  const char* header;  // kernels/<header>
+  const char* name;
+  CaseStatus status;
+  CaseFn run;
+};
+
+void case_adamw(Harness&, Random&);
+void case_bias(Harness&, Random&);
+void case_cast(Harness&, Random&);
+void case_copy(Harness&, Random&);
+void case_finite(Harness&, Random&);
+void case_gelu(Harness&, Random&);
+void case_matmul(Harness&, Random&);
+void case_norm(Harness&, Random&);
+void case_normalize(Harness&, Random&);
+void case_relu(Harness&, Random&);
+void case_scale(Harness&, Random&);
+void case_sgd(Harness&, Random&);
+void case_softmax_xent(Harness&, Random&);
+void case_unscale_check(Harness&, Random&);
+
+inline constexpr KernelCase kKernelCases[] = {
+    {"adamw.hpp", "adamw_update", CaseStatus::cuda, case_adamw},
+    {"bias.hpp", "bias_add_forward/backward", CaseStatus::cuda, case_bias},
+    {"cast.hpp", "cast, round_and_widen", CaseStatus::cuda, case_cast},
+    {"copy.hpp", "copy host<->device", CaseStatus::cuda, case_copy},
+    {"finite.hpp", "all_finite", CaseStatus::cuda, case_finite},
+    {"gelu.hpp", "gelu_forward/backward", CaseStatus::cuda, case_gelu},
+    {"matmul.hpp", "matmul (cuBLASLt)", CaseStatus::cuda, case_matmul},
+    {"norm.hpp", "sum_of_squares", CaseStatus::cuda, case_norm},
+    {"normalize.hpp", "normalize_u8", CaseStatus::cuda, case_normalize},
+    {"relu.hpp", "relu_forward/backward", CaseStatus::cuda, case_relu},
+    {"scale.hpp", "scale_inplace", CaseStatus::cuda, case_scale},
+    {"sgd.hpp", "sgd_update", CaseStatus::cuda, case_sgd},
+    {"softmax_xent.hpp", "softmax_xent_forward(_backward)", CaseStatus::cuda, case_softmax_xent},
+    {"unscale_check.hpp", "unscale_and_check", CaseStatus::cuda, case_unscale_check},
+    // Host-only, pending: their CUDA twins (cuDNN for convolution and pooling) come next.
+    {"add.hpp", "add", CaseStatus::host_pending, nullptr},
+    {"batchnorm.hpp", "batchnorm", CaseStatus::host_pending, nullptr},
+    {"conv2d.hpp", "im2col, col2im, channel bias", CaseStatus::host_pending, nullptr},
+    {"dropout.hpp", "dropout", CaseStatus::host_pending, nullptr},
+    {"pool2d.hpp", "max/avg pool2d", CaseStatus::host_pending, nullptr},
+};
+
+}  // namespace mpt::gpu_test
