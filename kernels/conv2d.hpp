@@ -1,5 +1,7 @@
-// The pieces of a 2-D convolution lowered to matmul (im2col + GEMM): unfolding one sample's
-// windows into columns, folding column gradients back, and the per-channel bias.
+// The pieces of a 2-D convolution lowered to matmul (im2col + GEMM): unfolding a block of
+// samples' windows into the columns of one matrix (so that one large GEMM serves the block),
+// folding column gradients back, moving channels between sample-major and channel-major
+// order, and the per-channel bias.
 #pragma once
 
 #include <cstdint>
@@ -21,23 +23,41 @@ struct Conv2dGeometry {
 
 namespace host {
 void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col);
-void col2im(const Tensor& col, const Conv2dGeometry& g, Tensor& dx);
+void col2im(Tensor& col, const Conv2dGeometry& g, Tensor& dx);
+void channel_rows_to_samples(const Tensor& rows, const Tensor& bias, Tensor& samples);
+void samples_to_channel_rows(const Tensor& samples, Tensor& rows);
 void channel_bias_forward(Tensor& y, const Tensor& bias);
 void channel_bias_backward(const Tensor& dy, Tensor& bias_grad, bool accumulate);
 }  // namespace host
 
-// COL[c*K*K + i*K + j, oh*OW + ow] = X[c, oh*S - P + i, ow*S - P + j] (0 outside X) for one f32
-// sample X of G's shape; COL is f32 [col_rows, col_columns], caller-owned.
+// COL[c*K*K + i*K + j, b*OH*OW + oh*OW + ow] = X[b, c, oh*S - P + i, ow*S - P + j] (0 outside
+// X) for f32 X holding B >= 1 whole samples of G's shape; COL is f32 [col_rows, B*col_columns],
+// caller-owned. B = 1 is one sample's [col_rows, col_columns] matrix.
 inline void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col) {
   if (x.device() != Device::cpu) detail::built_without_cuda("kernels::im2col");
   host::im2col(x, g, col);
 }
 
-// The adjoint of im2col: DX (one f32 sample) = the sum of COL's entries over the windows that
-// read each input element. Overwrites DX.
-inline void col2im(const Tensor& col, const Conv2dGeometry& g, Tensor& dx) {
+// The adjoint of im2col: DX (B f32 samples) = the sum of COL's entries ([col_rows,
+// B*col_columns]) over the windows that read each input element. Overwrites DX. COL is the
+// caller's scratch: its entries for windows over padding may be zeroed on the way.
+inline void col2im(Tensor& col, const Conv2dGeometry& g, Tensor& dx) {
   if (col.device() != Device::cpu) detail::built_without_cuda("kernels::col2im");
   host::col2im(col, g, dx);
+}
+
+// SAMPLES[b, c, p] = ROWS[c, b*P + p] + BIAS[c]: a block's GEMM output [C, B*P] (channel-major)
+// back into B NCHW samples [B, C, P], with the bias added on the way. All f32, caller-owned.
+inline void channel_rows_to_samples(const Tensor& rows, const Tensor& bias, Tensor& samples) {
+  if (rows.device() != Device::cpu) detail::built_without_cuda("kernels::channel_rows_to_samples");
+  host::channel_rows_to_samples(rows, bias, samples);
+}
+
+// ROWS[c, b*P + p] = SAMPLES[b, c, p]: B NCHW samples into channel-major [C, B*P], the layout
+// the block's weight- and input-gradient GEMMs read. ROWS's shape gives C; all f32.
+inline void samples_to_channel_rows(const Tensor& samples, Tensor& rows) {
+  if (rows.device() != Device::cpu) detail::built_without_cuda("kernels::samples_to_channel_rows");
+  host::samples_to_channel_rows(samples, rows);
 }
 
 // Y[c, p] += BIAS[c] for f32 Y [C, P] (channels first, as a conv output sample is).

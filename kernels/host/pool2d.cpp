@@ -2,9 +2,16 @@
 // windows of a plane may overlap in the backward pass, those of two planes never do.
 #include "kernels/pool2d.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/host/parallel.hpp"
+
+// The zero fills here cover a column or two per row; GCC would make each a memset call, which
+// costs more than the stores (see kernels/host/conv2d.cpp).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-tree-loop-distribute-patterns")
+#endif
 
 namespace mpt::kernels::host {
 
@@ -36,18 +43,22 @@ void max_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor& y) {
     for (std::int64_t p = begin; p < end; ++p) {
       const float* src = in + p * g.height * g.width;
       float* dst = out + p * oh_n * ow_n;
-      for (std::int64_t oh = 0; oh < oh_n; ++oh)
-        for (std::int64_t ow = 0; ow < ow_n; ++ow) {
-          const float* window = src + oh * g.stride * g.width + ow * g.stride;
-          float best = window[0];
-          for (std::int64_t i = 0; i < g.kernel_h; ++i)
-            for (std::int64_t j = 0; j < g.kernel_w; ++j) {
-              const float v = window[i * g.width + j];
-              if (v > best || std::isnan(v)) best = v;
-              if (std::isnan(best)) break;
+      // Window tap by window tap over a whole output row: the inner loop runs over outputs,
+      // without branches, and vectorises. The running maximum lives in the output row.
+      for (std::int64_t oh = 0; oh < oh_n; ++oh) {
+        float* best = dst + oh * ow_n;
+        const float* top = src + oh * g.stride * g.width;
+        for (std::int64_t ow = 0; ow < ow_n; ++ow) best[ow] = top[ow * g.stride];
+        for (std::int64_t i = 0; i < g.kernel_h; ++i)
+          for (std::int64_t j = i == 0 ? 1 : 0; j < g.kernel_w; ++j) {
+            const float* tap = top + i * g.width + j;
+            for (std::int64_t ow = 0; ow < ow_n; ++ow) {
+              const float v = tap[ow * g.stride];
+              // v != v: a NaN wins (and, once there, stays: NaN > v and v > NaN are false).
+              best[ow] = v > best[ow] || v != v ? v : best[ow];
             }
-          dst[oh * ow_n + ow] = best;
-        }
+          }
+      }
     }
   });
 }
@@ -61,22 +72,70 @@ void max_pool2d_backward(const Tensor& x, const Pool2dGeometry& g, const Tensor&
   const float* grad_out = dy.data<float>();
   float* grad_in = dx.data<float>();
   const std::int64_t oh_n = g.out_height(), ow_n = g.out_width(), plane = g.height * g.width;
+  // Windows that tile the plane without overlap (stride == kernel, the usual maxpool:2).
+  const bool disjoint = g.stride == g.kernel_h && g.stride == g.kernel_w;
   parallel_rows(label, planes, plane, [=](std::int64_t begin, std::int64_t end) {
+    // Overlapping windows: the running maximum and its offset for a stretch of one output row,
+    // tap by tap as in the forward, so the inner loops carry no branch. In both paths strict >
+    // keeps the first maximum in scan order, and a NaN takes over unless one already has: the
+    // forward's value, hence the position it came from.
+    constexpr std::int64_t kStretch = 256;
+    float best_value[kStretch];
+    std::int64_t best_at[kStretch];
     for (std::int64_t p = begin; p < end; ++p) {
       const float* src = in + p * plane;
       float* dst = grad_in + p * plane;
+      const float* grad = grad_out + p * oh_n * ow_n;
+      if (disjoint) {
+        // Every element of a window is written exactly once, the gradient or 0, so only what no
+        // window covers needs zeroing: the columns right of the last window, the rows below.
+        for (std::int64_t h = 0; h < oh_n * g.kernel_h; ++h)
+          for (std::int64_t w = ow_n * g.kernel_w; w < g.width; ++w) dst[h * g.width + w] = 0.f;
+        for (std::int64_t e = oh_n * g.kernel_h * g.width; e < plane; ++e) dst[e] = 0.f;
+        for (std::int64_t oh = 0; oh < oh_n; ++oh)
+          for (std::int64_t ow = 0; ow < ow_n; ++ow) {
+            const std::int64_t corner = oh * g.stride * g.width + ow * g.stride;
+            std::int64_t best = corner;
+            float best_value_here = src[corner];
+            for (std::int64_t i = 0; i < g.kernel_h; ++i)
+              for (std::int64_t j = 0; j < g.kernel_w; ++j) {
+                const std::int64_t at = corner + i * g.width + j;
+                const float v = src[at];
+                const bool take =
+                    v > best_value_here || (v != v && best_value_here == best_value_here);
+                best = take ? at : best;
+                best_value_here = take ? v : best_value_here;
+              }
+            const float share = grad[oh * ow_n + ow];
+            for (std::int64_t i = 0; i < g.kernel_h; ++i)
+              for (std::int64_t j = 0; j < g.kernel_w; ++j) {
+                const std::int64_t at = corner + i * g.width + j;
+                dst[at] = at == best ? share : 0.f;
+              }
+          }
+        continue;
+      }
       for (std::int64_t e = 0; e < plane; ++e) dst[e] = 0.f;
       for (std::int64_t oh = 0; oh < oh_n; ++oh)
-        for (std::int64_t ow = 0; ow < ow_n; ++ow) {
-          // The same scan as the forward, so the routed position is the forward's maximum.
-          const std::int64_t corner = oh * g.stride * g.width + ow * g.stride;
-          std::int64_t best = corner;
+        for (std::int64_t ow0 = 0; ow0 < ow_n; ow0 += kStretch) {
+          const std::int64_t n = std::min(kStretch, ow_n - ow0);
+          const std::int64_t corner = oh * g.stride * g.width + ow0 * g.stride;
+          for (std::int64_t o = 0; o < n; ++o) {
+            best_at[o] = corner + o * g.stride;
+            best_value[o] = src[best_at[o]];
+          }
           for (std::int64_t i = 0; i < g.kernel_h; ++i)
-            for (std::int64_t j = 0; j < g.kernel_w; ++j) {
-              const std::int64_t at = corner + i * g.width + j;
-              if (src[at] > src[best] || (std::isnan(src[at]) && !std::isnan(src[best]))) best = at;
+            for (std::int64_t j = i == 0 ? 1 : 0; j < g.kernel_w; ++j) {
+              const std::int64_t tap = corner + i * g.width + j;
+              for (std::int64_t o = 0; o < n; ++o) {
+                const float v = src[tap + o * g.stride];
+                const bool take = v > best_value[o] || (v != v && best_value[o] == best_value[o]);
+                best_value[o] = take ? v : best_value[o];
+                best_at[o] = take ? tap + o * g.stride : best_at[o];
+              }
             }
-          dst[best] += grad_out[p * oh_n * ow_n + oh * ow_n + ow];
+          // Windows may overlap (stride < kernel), so the scatter adds.
+          for (std::int64_t o = 0; o < n; ++o) dst[best_at[o]] += grad[oh * ow_n + ow0 + o];
         }
     }
   });

@@ -1,7 +1,12 @@
-// Conv2d forward and backward, one sample at a time: im2col unfolds the sample's windows into
-// col_ (planned once), and the work is a matmul with the (C_out, C_in*K*K) weight matrix.
+// Conv2d forward and backward, a block of samples at a time: im2col unfolds the block's windows
+// side by side into col_ (planned once), and the work is one matmul with the (C_out, C_in*K*K)
+// weight matrix per block. Per-sample GEMMs (N = OH*OW, as small as 49) left most of a core's
+// FLOPs unused; a block's GEMM has N = block*OH*OW, and the weight gradient's inner dimension
+// becomes the block's positions. The price is a reorder between NCHW samples and the GEMM's
+// channel-major rows, one pass over the output, fused with the bias.
 #include "nn/conv2d.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.hpp"
@@ -12,6 +17,10 @@ namespace mpt::nn {
 namespace {
 constexpr std::size_t kWeight = 0, kBias = 1;
 constexpr std::size_t kInSlot = 0, kOutSlot = 1, kDoutSlot = 2, kDinSlot = 3;
+// Elements of a block's column matrix: 2^20 floats = 4 MiB (6 samples of the cnn's second conv,
+// 53 of its first). From 2^16 to 2^22 the cnn's step time changed by less than this machine's
+// noise (docs/perf.md); the block is at least one sample and at most the batch.
+constexpr std::int64_t kBlockColumnElements = std::int64_t{1} << 20;
 }  // namespace
 
 Conv2d::Conv2d(std::string name, const Shape& input_shape, std::int64_t out_channels,
@@ -53,10 +62,16 @@ std::vector<ParamSpec> Conv2d::param_specs() const {
       {"bias", {out_channels_}, 0.f}};
 }
 
-void Conv2d::plan(std::int64_t, DType precision) {
-  col_ = Tensor({geometry_.col_rows(), geometry_.col_columns()}, DType::f32);
-  const std::int64_t in = geometry_.channels * geometry_.height * geometry_.width;
-  const std::int64_t out = out_channels_ * geometry_.col_columns();
+void Conv2d::plan(std::int64_t max_batch, DType precision) {
+  const std::int64_t per_sample = geometry_.col_rows() * geometry_.col_columns();
+  block_ = requested_block_ > 0 ? requested_block_
+                                : std::max<std::int64_t>(1, kBlockColumnElements / per_sample);
+  block_ = std::max<std::int64_t>(1, std::min(block_, std::max<std::int64_t>(1, max_batch)));
+  const std::int64_t columns = block_ * geometry_.col_columns();
+  col_ = Tensor({geometry_.col_rows(), columns}, DType::f32);
+  rows_ = Tensor({out_channels_, columns}, DType::f32);
+  const std::int64_t in = block_ * geometry_.channels * geometry_.height * geometry_.width;
+  const std::int64_t out = block_ * out_channels_ * geometry_.col_columns();
   staging_.plan(precision, {in, out, out, in});
   if (precision != DType::f32) {
     weight_grad_ = Tensor({out_channels_, geometry_.col_rows()}, DType::f32);
@@ -66,7 +81,7 @@ void Conv2d::plan(std::int64_t, DType precision) {
 
 std::int64_t Conv2d::scratch_bytes() const {
   std::int64_t bytes = staging_.scratch_bytes();
-  for (const Tensor* t : {&col_, &weight_grad_, &bias_grad_})
+  for (const Tensor* t : {&col_, &rows_, &weight_grad_, &bias_grad_})
     if (t->defined()) bytes += static_cast<std::int64_t>(t->size_bytes());
   return bytes;
 }
@@ -77,13 +92,15 @@ void Conv2d::forward(const Tensor& x, Tensor& y, bool) {
   const std::int64_t positions = geometry_.col_columns();
   const std::int64_t out = out_channels_ * positions;
   Tensor::view_into(weight_2d_, param_value(kWeight), 0, {out_channels_, geometry_.col_rows()});
-  for (std::int64_t s = 0; s < x.dim(0); ++s) {
-    kernels::im2col(staging_.read(x, s, in, kInSlot), geometry_, col_);
-    Tensor& y_sample = staging_.write(y, s, out, kOutSlot);
-    Tensor::view_into(out_2d_, y_sample, 0, {out_channels_, positions});
-    // y[C_out, P] = W[C_out, C_in*K*K] · col[C_in*K*K, P] + b
-    kernels::matmul(weight_2d_, false, col_, false, out_2d_);
-    kernels::channel_bias_forward(out_2d_, param_value(kBias));
+  for (std::int64_t first = 0; first < x.dim(0); first += block_) {
+    const std::int64_t count = std::min(block_, x.dim(0) - first);
+    Tensor::view_into(col_block_, col_, 0, {geometry_.col_rows(), count * positions});
+    Tensor::view_into(rows_block_, rows_, 0, {out_channels_, count * positions});
+    kernels::im2col(staging_.read_run(x, first, count, in, kInSlot), geometry_, col_block_);
+    // rows[C_out, B*P] = W[C_out, C_in*K*K] · col[C_in*K*K, B*P], then y[b] = rows[:, b] + bias.
+    kernels::matmul(weight_2d_, false, col_block_, false, rows_block_);
+    kernels::channel_rows_to_samples(rows_block_, param_value(kBias),
+                                     staging_.write_run(y, first, count, out, kOutSlot));
     staging_.commit(kOutSlot);
   }
 }
@@ -92,24 +109,27 @@ void Conv2d::backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* 
   const std::int64_t in = geometry_.channels * geometry_.height * geometry_.width;
   const std::int64_t positions = geometry_.col_columns();
   const std::int64_t out = out_channels_ * positions;
-  // Summed over the samples in f32: straight into f32 gradients, else in f32 scratch rounded once.
+  // Summed over the blocks in f32: straight into f32 gradients, else in f32 scratch rounded once.
   const bool f32_grads = param_grad(kWeight).dtype() == DType::f32;
   Tensor& dw = f32_grads ? param_grad(kWeight) : weight_grad_;
   Tensor& db = f32_grads ? param_grad(kBias) : bias_grad_;
   Tensor::view_into(weight_2d_, param_value(kWeight), 0, {out_channels_, geometry_.col_rows()});
   Tensor::view_into(weight_grad_2d_, dw, 0, {out_channels_, geometry_.col_rows()});
-  for (std::int64_t s = 0; s < x.dim(0); ++s) {
-    const bool first = s == 0;
-    kernels::im2col(staging_.read(x, s, in, kInSlot), geometry_, col_);
-    Tensor::view_into(dout_2d_, staging_.read(dy, s, out, kDoutSlot), 0,
-                      {out_channels_, positions});
-    // dW += dy[C_out, P] · colᵀ; db += row sums of dy.
-    kernels::matmul(dout_2d_, false, col_, true, weight_grad_2d_, first ? 0.f : 1.f);
-    kernels::channel_bias_backward(dout_2d_, db, /*accumulate=*/!first);
+  for (std::int64_t first = 0; first < x.dim(0); first += block_) {
+    const std::int64_t count = std::min(block_, x.dim(0) - first);
+    const bool first_block = first == 0;
+    Tensor::view_into(col_block_, col_, 0, {geometry_.col_rows(), count * positions});
+    Tensor::view_into(rows_block_, rows_, 0, {out_channels_, count * positions});
+    kernels::im2col(staging_.read_run(x, first, count, in, kInSlot), geometry_, col_block_);
+    kernels::samples_to_channel_rows(staging_.read_run(dy, first, count, out, kDoutSlot),
+                                     rows_block_);
+    // dW += dy[C_out, B*P] · colᵀ; db += row sums of dy.
+    kernels::matmul(rows_block_, false, col_block_, true, weight_grad_2d_, first_block ? 0.f : 1.f);
+    kernels::channel_bias_backward(rows_block_, db, /*accumulate=*/!first_block);
     if (!dx) continue;
     // dcol = Wᵀ · dy, into col_ (its windows are used up), then folded back onto dx.
-    kernels::matmul(weight_2d_, true, dout_2d_, false, col_);
-    kernels::col2im(col_, geometry_, staging_.write(*dx, s, in, kDinSlot));
+    kernels::matmul(weight_2d_, true, rows_block_, false, col_block_);
+    kernels::col2im(col_block_, geometry_, staging_.write_run(*dx, first, count, in, kDinSlot));
     staging_.commit(kDinSlot);
   }
   if (x.dim(0) == 0) {

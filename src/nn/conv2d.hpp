@@ -1,5 +1,6 @@
 // 2-D convolution layer over NCHW samples: weights (C_out, C_in, K, K) and a bias, like
-// PyTorch's nn.Conv2d with dilation 1 and groups 1. Lowered per sample to im2col + matmul.
+// PyTorch's nn.Conv2d with dilation 1 and groups 1. Lowered to im2col + matmul over blocks of
+// samples, so that each pass is one large GEMM rather than one small GEMM per sample.
 #pragma once
 
 #include <cstdint>
@@ -27,14 +28,21 @@ class Conv2d final : public Layer {
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
 
+  // Samples per block from the next plan() on: 0 (the default) picks it from the column
+  // matrix's size; tests set it to make blocks that do not divide the batch.
+  void set_block_samples(std::int64_t samples) { requested_block_ = samples; }
+  std::int64_t block_samples() const { return block_; }
+
  private:
   kernels::Conv2dGeometry geometry_;
   std::int64_t out_channels_;
-  Tensor col_;                      // f32 [C_in*K*K, OH*OW]: one sample's windows
+  std::int64_t requested_block_ = 0, block_ = 0;
+  Tensor col_;   // f32 [C_in*K*K, block*OH*OW]: a block's windows, later their gradients
+  Tensor rows_;  // f32 [C_out, block*OH*OW]: the block's output, or its dy, channel-major
   Tensor weight_grad_, bias_grad_;  // f32 sums over the batch when the gradients are 16-bit
   SampleStaging staging_;
-  // Views re-pointed per sample.
-  Tensor weight_2d_, weight_grad_2d_, out_2d_, dout_2d_;
+  // Views re-pointed per block.
+  Tensor weight_2d_, weight_grad_2d_, col_block_, rows_block_;
 };
 
 }  // namespace mpt::nn

@@ -1,6 +1,7 @@
-// Private to nn: one sample at a time in f32 for the layers without a blocked 16-bit path (conv,
-// pooling, GELU). Under f32 storage a sample is a plain view; under f16/bf16 it is widened into
-// (or rounded back from) a small scratch planned once, so the step allocates nothing.
+// Private to nn: a run of samples at a time in f32 for the layers without a blocked 16-bit path
+// (conv walks blocks of samples, pooling and GELU one sample). Under f32 storage a run is a plain
+// view; under f16/bf16 it is widened into (or rounded back from) a small scratch planned once,
+// so the step allocates nothing.
 #pragma once
 
 #include <array>
@@ -42,6 +43,24 @@ class SampleStaging {
     Tensor::view_into(sample_[slot], dst, s * n, {n});
     if (dst.dtype() == DType::f32) return sample_[slot];
     Tensor::view_into(widened_[slot], scratch_, offsets_[slot], {n});
+    return widened_[slot];
+  }
+  // Samples [FIRST, FIRST + COUNT) of SRC (N elements each) as f32 [COUNT, N]; the slot must
+  // have been planned for COUNT * N elements.
+  const Tensor& read_run(const Tensor& src, std::int64_t first, std::int64_t count, std::int64_t n,
+                         std::size_t slot) {
+    Tensor::view_into(sample_[slot], src, first * n, {count, n});
+    if (src.dtype() == DType::f32) return sample_[slot];
+    Tensor::view_into(widened_[slot], scratch_, offsets_[slot], {count, n});
+    kernels::cast(sample_[slot], widened_[slot]);
+    return widened_[slot];
+  }
+  // Where to write samples [FIRST, FIRST + COUNT) of DST in f32; then commit(SLOT).
+  Tensor& write_run(Tensor& dst, std::int64_t first, std::int64_t count, std::int64_t n,
+                    std::size_t slot) {
+    Tensor::view_into(sample_[slot], dst, first * n, {count, n});
+    if (dst.dtype() == DType::f32) return sample_[slot];
+    Tensor::view_into(widened_[slot], scratch_, offsets_[slot], {count, n});
     return widened_[slot];
   }
   // Rounds SLOT's f32 sample into its 16-bit destination (nothing to do under f32).

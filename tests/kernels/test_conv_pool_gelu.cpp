@@ -32,7 +32,7 @@ TEST(Im2col, MatchesDirectUnfoldAndCol2imIsItsAdjoint) {
             ASSERT_EQ(col.data<float>()[((c * 3 + i) * 3 + j) * 20 + oh * 5 + ow], expected);
           }
   // <im2col(x), r> == <x, col2im(r)> in float64, to f32 rounding of the col2im sums.
-  const Tensor r = test::random_tensor({g.col_rows(), g.col_columns()}, 2);
+  Tensor r = test::random_tensor({g.col_rows(), g.col_columns()}, 2);
   Tensor folded({3, 7, 9}, DType::f32);
   folded.data<float>()[0] = 123.f;  // overwritten, not accumulated
   col2im(r, g, folded);
@@ -42,6 +42,70 @@ TEST(Im2col, MatchesDirectUnfoldAndCol2imIsItsAdjoint) {
   for (std::int64_t i = 0; i < x.numel(); ++i)
     right += double{x.data<float>()[i]} * folded.data<float>()[i];
   EXPECT_NEAR(left, right, 1e-4);
+}
+
+TEST(Im2col, BlockOfSamplesIsTheirColumnsSideBySide) {
+  // Three samples at once against one at a time, with padding wider than some taps reach
+  // (C 2, 5x6, K 3, stride 1, pad 2), with "same" padding (the shifted-plane path) and with
+  // stride 2: column block b is sample b's matrix, and col2im of the block is each sample's.
+  for (const Conv2dGeometry& g : {Conv2dGeometry{2, 5, 6, 3, 1, 2}, Conv2dGeometry{2, 5, 6, 3, 1, 1},
+                                  Conv2dGeometry{2, 5, 6, 3, 2, 1}}) {
+    const std::int64_t samples = 3, sample = 2 * 5 * 6, rows = g.col_rows(), p = g.col_columns();
+    const Tensor x = test::random_tensor({samples, 2, 5, 6}, 5);
+    Tensor block({rows, samples * p}, DType::f32), one({rows, p}, DType::f32);
+    im2col(x, g, block);
+    // The direct unfold, and the adjoint identity <im2col(x), r> == <x, col2im(r)> over the block.
+    const std::int64_t ow_n = g.out_width();
+    for (std::int64_t row = 0; row < rows; ++row)
+      for (std::int64_t b = 0; b < samples; ++b)
+        for (std::int64_t e = 0; e < p; ++e) {
+          const std::int64_t c = row / 9, i = row / 3 % 3, j = row % 3;
+          const std::int64_t h = e / ow_n * g.stride - g.pad + i, w = e % ow_n * g.stride - g.pad + j;
+          const float expected = h < 0 || h >= 5 || w < 0 || w >= 6
+                                     ? 0.f
+                                     : x.data<float>()[((b * 2 + c) * 5 + h) * 6 + w];
+          ASSERT_EQ(block.data<float>()[row * samples * p + b * p + e], expected)
+              << "sample " << b << " row " << row << " position " << e;
+        }
+    Tensor r = test::random_tensor({rows, samples * p}, 6);
+    double left = 0, right = 0;
+    for (std::int64_t i = 0; i < block.numel(); ++i)
+      left += double{block.data<float>()[i]} * r.data<float>()[i];
+    Tensor folded({samples, 2, 5, 6}, DType::f32), folded_one({2, 5, 6}, DType::f32);
+    col2im(r, g, folded);
+    for (std::int64_t i = 0; i < x.numel(); ++i)
+      right += double{x.data<float>()[i]} * folded.data<float>()[i];
+    EXPECT_NEAR(left, right, 1e-4);
+    Tensor r_one({rows, p}, DType::f32);
+    for (std::int64_t b = 0; b < samples; ++b) {
+      im2col(Tensor::view(x, b * sample, {2, 5, 6}), g, one);
+      for (std::int64_t row = 0; row < rows; ++row)
+        for (std::int64_t e = 0; e < p; ++e) {
+          ASSERT_EQ(block.data<float>()[row * samples * p + b * p + e], one.data<float>()[row * p + e])
+              << "sample " << b << " row " << row << " position " << e;
+          r_one.data<float>()[row * p + e] = r.data<float>()[row * samples * p + b * p + e];
+        }
+      col2im(r_one, g, folded_one);
+      for (std::int64_t e = 0; e < sample; ++e)
+        ASSERT_FLOAT_EQ(folded.data<float>()[b * sample + e], folded_one.data<float>()[e])
+            << "sample " << b << " element " << e;
+    }
+  }
+}
+
+TEST(ChannelRows, SamplesToRowsAndBackWithBias) {
+  // [B 2, C 3, P 4] NCHW <-> [C 3, B*P 8] channel-major.
+  const Tensor samples = test::random_tensor({2, 3, 4}, 7);
+  Tensor rows({3, 8}, DType::f32), back({2, 3, 4}, DType::f32), bias({3}, DType::f32);
+  samples_to_channel_rows(samples, rows);
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t c = 0; c < 3; ++c)
+      for (std::int64_t e = 0; e < 4; ++e)
+        ASSERT_EQ(rows.data<float>()[c * 8 + b * 4 + e], samples.data<float>()[(b * 3 + c) * 4 + e]);
+  for (int c = 0; c < 3; ++c) bias.data<float>()[c] = static_cast<float>(c + 1);
+  channel_rows_to_samples(rows, bias, back);
+  for (std::int64_t i = 0; i < 24; ++i)
+    ASSERT_EQ(back.data<float>()[i], samples.data<float>()[i] + static_cast<float>(i / 4 % 3 + 1));
 }
 
 TEST(ChannelBias, AddsPerRowAndSumsRows) {
@@ -70,10 +134,14 @@ TEST(Pool2d, KnownPlaneAndNaN) {
   Tensor dy({1, 1, 2}, DType::f32), dx({1, 3, 5}, DType::f32);
   dy.data<float>()[0] = 1.f;
   dy.data<float>()[1] = 2.f;
+  for (int i = 0; i < 15; ++i) dx.data<float>()[i] = 7.f;  // overwritten everywhere
   max_pool2d_backward(x, g, dy, dx);
   EXPECT_EQ(dx.data<float>()[6], 1.f);
   EXPECT_EQ(dx.data<float>()[8], 2.f);
-  EXPECT_EQ(dx.data<float>()[0], 0.f);
+  for (int i : {0, 1, 5, 7})
+    EXPECT_EQ(dx.data<float>()[i], 0.f) << i;  // in a window, not its maximum
+  for (int i : {4, 9, 10, 11, 12, 13, 14})
+    EXPECT_EQ(dx.data<float>()[i], 0.f) << i;  // column 4 and row 2 lie in no window
   avg_pool2d_backward(g, dy, dx);
   EXPECT_EQ(dx.data<float>()[0], 0.25f);
   EXPECT_EQ(dx.data<float>()[4], 0.f);  // column 4 lies in no window

@@ -99,6 +99,52 @@ TEST(Conv2dLayer, MatchesDirectConvolutionOnOddShapes) {
   }
 }
 
+TEST(Conv2dLayer, BlocksThatDoNotDivideTheBatchMatchTheDirectConvolution) {
+  // Batch 5 in blocks of 1, 2 (2+2+1), 3 (3+2), 5 and 8 (one short block), with "same" stride-1
+  // padding (im2col's shifted-plane path) and with stride 2: every block size must give the
+  // direct convolution, forward and backward (the gradients against the one-sample blocks).
+  for (const auto& [kernel, stride, pad] :
+       std::vector<std::array<std::int64_t, 3>>{{3, 1, 1}, {5, 1, 2}, {3, 2, 1}}) {
+    SCOPED_TRACE("K " + std::to_string(kernel) + " stride " + std::to_string(stride));
+    const Shape in_shape{3, 7, 9};
+    const std::int64_t batch = 5;
+    Tensor x({batch, 3, 7, 9}, DType::f32);
+    fill_uniform(x, 20, -2.f, 2.f);
+    std::vector<float> reference_dw, reference_dx;
+    for (const std::int64_t block : {1, 2, 3, 5, 8}) {
+      SCOPED_TRACE("block " + std::to_string(block));
+      Conv2d conv("conv0", in_shape, 4, kernel, stride, pad);
+      conv.set_block_samples(block);
+      Bound b = bind(conv);
+      fill_uniform(b.params, 21, -1.f, 1.f);
+      conv.plan(batch, DType::f32);
+      EXPECT_EQ(conv.block_samples(), std::min<std::int64_t>(block, batch));
+      const Shape out = conv.output_shape(in_shape);
+      Tensor y({batch, out[0], out[1], out[2]}, DType::f32), dx(x.shape(), DType::f32);
+      conv.forward(x, y, true);
+      const Tensor w = Tensor::view(b.params, 0, {4, 3, kernel, kernel});
+      const Tensor bias = Tensor::view(b.params, 4 * 3 * kernel * kernel, {4});
+      const auto reference = direct_conv(x, w, bias, stride, pad);
+      for (std::int64_t i = 0; i < y.numel(); ++i)
+        ASSERT_NEAR(y.data<float>()[i], reference[static_cast<std::size_t>(i)], 1e-5) << i;
+      Tensor dy(y.shape(), DType::f32);
+      fill_uniform(dy, 22, -1.f, 1.f);
+      conv.backward(x, y, dy, &dx);
+      const float* dw = b.grads.data<float>();
+      if (block == 1) {
+        reference_dw.assign(dw, dw + b.grads.numel());
+        reference_dx.assign(dx.data<float>(), dx.data<float>() + dx.numel());
+        continue;
+      }
+      // Sums of up to 5 * 63 products of magnitude <= 2: f32 reordering error far below 1e-4.
+      for (std::int64_t i = 0; i < b.grads.numel(); ++i)
+        ASSERT_NEAR(dw[i], reference_dw[static_cast<std::size_t>(i)], 1e-4) << "grad " << i;
+      for (std::int64_t i = 0; i < dx.numel(); ++i)
+        ASSERT_NEAR(dx.data<float>()[i], reference_dx[static_cast<std::size_t>(i)], 1e-5) << i;
+    }
+  }
+}
+
 // Direct max / average pooling in double over [n*c] planes.
 std::vector<double> direct_pool(const Tensor& x, std::int64_t planes, std::int64_t h,
                                 std::int64_t w, std::int64_t k, std::int64_t stride, bool max) {
@@ -197,6 +243,15 @@ TEST(ConvGradcheck, WeightsBiasAndInput) {
   Tensor x({2, 3, 7, 9}, DType::f32);
   fill_uniform(x, 6, -2.f, 2.f);
   gradcheck(conv, b, x, conv.output_shape(in_shape), 0.25f, 5e-4, false);
+  // "Same" stride-1 padding, batch 3 in blocks of 2 (a short last block).
+  Conv2d same("conv1", in_shape, 4, 3, 1, 1);
+  same.set_block_samples(2);
+  Bound b_same = bind(same);
+  fill_uniform(b_same.params, 5, -1.f, 1.f);
+  same.plan(3, DType::f32);
+  Tensor x3({3, 3, 7, 9}, DType::f32);
+  fill_uniform(x3, 6, -2.f, 2.f);
+  gradcheck(same, b_same, x3, same.output_shape(in_shape), 0.25f, 5e-4, false);
 }
 
 TEST(PoolGradcheck, MaxAvgAndGlobal) {
@@ -313,6 +368,62 @@ TEST_P(ConvMixedPrecision, GradientsCloseToF32OnTheSameRoundedWeights) {
       for (std::size_t i = 0; i < g.size(); ++i)
         ASSERT_NEAR(g[i], ref[i], 16 * u * grad_scale) << params[p].name << " " << i;
     }
+  }
+}
+
+TEST(Conv2dLayer, SixteenBitStorageInShortBlocksMatchesF32) {
+  // f16 activations and gradients, batch 5 in blocks of 2: the staging widens and rounds runs
+  // of samples, and the last block is short. Against the f32 layer on the same (rounded)
+  // input: y and dx are rounded once (relative 2^-11), dW and db are summed in f32 and rounded
+  // once. A wrong run offset or a missed commit is off by O(1).
+  const Shape in_shape{2, 6, 5};
+  const std::int64_t batch = 5;
+  Conv2d conv16("conv0", in_shape, 3, 3, 1, 1), conv32("conv0", in_shape, 3, 3, 1, 1);
+  conv16.set_block_samples(2);
+  std::int64_t total = 0;
+  for (const auto& spec : conv16.param_specs()) total += shape_numel(spec.shape);
+  Tensor values({total}, DType::f32), grads16({total}, DType::f16), grads32({total}, DType::f32);
+  fill_uniform(values, 30, -1.f, 1.f);
+  const auto bind_to = [&](Layer& layer, Tensor& grads) {
+    std::vector<Tensor> v, g;
+    std::int64_t offset = 0;
+    for (const auto& spec : layer.param_specs()) {
+      v.push_back(Tensor::view(values, offset, spec.shape));
+      g.push_back(Tensor::view(grads, offset, spec.shape));
+      offset += shape_numel(spec.shape);
+    }
+    layer.bind_params(std::move(v), std::move(g));
+  };
+  bind_to(conv16, grads16);
+  bind_to(conv32, grads32);
+  conv16.plan(batch, DType::f16);
+  conv32.plan(batch, DType::f32);
+  const Shape out = conv32.output_shape(in_shape);
+  const Shape x_shape{batch, 2, 6, 5}, y_shape{batch, out[0], out[1], out[2]};
+  Tensor x32(x_shape, DType::f32), dy32(y_shape, DType::f32);
+  fill_uniform(x32, 31, -2.f, 2.f);
+  fill_uniform(dy32, 32, -1.f, 1.f);
+  // The 16-bit copies, and the f32 inputs set to their exact values.
+  Tensor x16(x_shape, DType::f16), dy16(y_shape, DType::f16);
+  for (auto [f, h] : {std::pair<Tensor*, Tensor*>{&x32, &x16}, {&dy32, &dy16}})
+    for (std::int64_t i = 0; i < f->numel(); ++i) {
+      const std::uint16_t bits = float_to_half_bits(f->data<float>()[i]);
+      static_cast<std::uint16_t*>(h->raw())[i] = bits;
+      f->data<float>()[i] = half_bits_to_float(bits);
+    }
+  Tensor y16(y_shape, DType::f16), y32(y_shape, DType::f32);
+  Tensor dx16(x_shape, DType::f16), dx32(x_shape, DType::f32);
+  conv16.forward(x16, y16, true);
+  conv32.forward(x32, y32, true);
+  conv16.backward(x16, y16, dy16, &dx16);
+  conv32.backward(x32, y32, dy32, &dx32);
+  const double u = 0x1p-11;
+  for (auto [got16, want32] : {std::pair<const Tensor*, const Tensor*>{&y16, &y32},
+                               {&dx16, &dx32}, {&grads16, &grads32}}) {
+    const auto got = values_of(*got16);
+    const auto want = values_of(*want32);
+    for (std::size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 2 * u * std::max(1.0, std::fabs(want[i]))) << i;
   }
 }
 
