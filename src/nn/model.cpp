@@ -1,20 +1,25 @@
 // Sequential model: building from a spec, the flat parameter layout (working copy, f32 compute
 // copy and FP32 masters), initialisation, buffer planning, and the forward and backward passes.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
 #include "core/error.hpp"
 #include "core/random.hpp"
 #include "kernels/cast.hpp"
+#include "kernels/copy.hpp"
 #include "kernels/finite.hpp"
+#include "nn/batchnorm.hpp"
 #include "nn/conv2d.hpp"
 #include "nn/dense.hpp"
+#include "nn/dropout_layer.hpp"
 #include "nn/flatten_layer.hpp"
 #include "nn/gelu_layer.hpp"
 #include "nn/nn.hpp"
 #include "nn/pool2d_layer.hpp"
 #include "nn/relu_layer.hpp"
+#include "nn/resblock.hpp"
 #include "nn/spec.hpp"
 #include "nn/workspace.hpp"
 
@@ -28,6 +33,26 @@ void Layer::bind_params(std::vector<Tensor> values, std::vector<Tensor> grads) {
   params_.clear();
   for (std::size_t i = 0; i < specs.size(); ++i)
     params_.push_back({name() + "/" + specs[i].name, std::move(values[i]), std::move(grads[i])});
+  on_bound();
+}
+
+void Layer::bind_buffers(std::vector<Tensor> values) {
+  const auto specs = buffer_specs();
+  if (values.size() != specs.size())
+    abort_job("nn::Layer::bind_buffers: " + name() + " needs " + std::to_string(specs.size()) +
+              " buffers, got " + std::to_string(values.size()));
+  buffers_.clear();
+  for (std::size_t i = 0; i < specs.size(); ++i)
+    buffers_.push_back({name() + "/" + specs[i].name, std::move(values[i]), Tensor()});
+  on_bound();
+}
+
+InitScheme init_scheme_from_name(const std::string& name, const std::string& option) {
+  if (name == "default") return InitScheme::default_init;
+  if (name == "he") return InitScheme::he;
+  if (name == "xavier") return InitScheme::xavier;
+  throw_user_error(option + " '" + name + "' is not an initialisation scheme",
+                   "use default (PyTorch's defaults), he or xavier; see docs/model-spec.md");
 }
 
 Model::Model(Model&&) noexcept = default;
@@ -42,7 +67,7 @@ constexpr std::int64_t kBlockRows = 512;
 }  // namespace
 
 Model Model::build(const std::string& name_or_spec, const Shape& sample_shape, int num_classes,
-                   DType precision) {
+                   DType precision, Device device) {
   if (num_classes < 1) abort_job("nn::Model::build: num_classes must be positive");
   if (precision != DType::f32 && precision != DType::f16 && precision != DType::bf16)
     abort_job(std::string("nn::Model::build: precision must be f32, f16 or bf16, got ") +
@@ -55,13 +80,21 @@ Model Model::build(const std::string& name_or_spec, const Shape& sample_shape, i
   model.sample_shape_ = sample_shape;
   model.num_classes_ = num_classes;
   model.precision_ = precision;
+  model.device_ = device;
   const std::string spec = format_model_spec(layer_specs);
+  // The layers whose kernels all have CUDA twins (docs/gpu.md); the rest are host-only so far.
+  if (device != Device::cpu)
+    for (const auto& item : layer_specs)
+      MPT_REQUIRE(item.kind == "dense" || item.kind == "relu" || item.kind == "flatten",
+                  "--model.layers '" + spec + "': layer '" + item.kind +
+                      "' has no CUDA kernels yet",
+                  "use dense, relu and flatten layers on the cuda device, or --device=cpu");
   // Spatial layers see samples as (C,H,W); without any, the input is flattened implicitly, so
   // "dense:..." specs behave as they always have.
   bool spatial = false;
   for (const auto& item : layer_specs)
     spatial = spatial || item.kind == "conv" || item.kind == "maxpool" || item.kind == "avgpool" ||
-              item.kind == "gap";
+              item.kind == "gap" || item.kind == "resblock";
   Shape shape{shape_numel(sample_shape)};
   if (spatial) {
     shape = sample_shape;
@@ -74,7 +107,7 @@ Model Model::build(const std::string& name_or_spec, const Shape& sample_shape, i
                        "reshape the samples with --data.sample-shape=C,H,W, or use dense layers");
   }
   model.input_shape_ = shape;
-  std::int64_t total_params = 0;
+  std::int64_t total_params = 0, total_buffers = 0;
   for (std::size_t i = 0; i < layer_specs.size(); ++i) {
     const LayerSpec& item = layer_specs[i];
     // Named by position, like the indices of PyTorch's nn.Sequential: dense0, relu1, dense2.
@@ -117,11 +150,19 @@ Model Model::build(const std::string& name_or_spec, const Shape& sample_shape, i
       layer = std::make_unique<FlattenLayer>(name);
     } else if (item.kind == "gelu") {
       layer = std::make_unique<GeluLayer>(name, shape);
+    } else if (item.kind == "bn") {
+      layer = std::make_unique<BatchNorm>(name, shape);
+    } else if (item.kind == "dropout") {
+      layer = std::make_unique<DropoutLayer>(name, item.rate, i);
+    } else if (item.kind == "resblock") {
+      need_planes();
+      layer = std::make_unique<ResBlock>(name, shape, item.size, item.stride);
     } else {
       layer = std::make_unique<ReluLayer>(name);
     }
     shape = layer->output_shape(shape);
     for (const auto& param : layer->param_specs()) total_params += shape_numel(param.shape);
+    for (const auto& buffer : layer->buffer_specs()) total_buffers += shape_numel(buffer.shape);
     model.output_shapes_.push_back(shape);
     model.layers_.push_back(std::move(layer));
   }
@@ -132,16 +173,16 @@ Model Model::build(const std::string& name_or_spec, const Shape& sample_shape, i
   // layout. The compute copy (4 bytes a parameter) spares widening every weight in every
   // forward and backward; weights are small next to the activations at the batches where
   // memory matters (7 MiB for the MLP against 268 MiB of fp16 activations at batch 16384).
-  model.params_ = Tensor({total_params}, precision);
-  model.grads_ = Tensor({total_params}, precision);
+  model.params_ = Tensor({total_params}, precision, device);
+  model.grads_ = Tensor({total_params}, precision, device);
   if (precision == DType::f32) {
     model.master_params_ = model.params_;
     model.master_grads_ = model.grads_;
     model.compute_params_ = model.params_;
   } else {
-    model.master_params_ = Tensor({total_params}, DType::f32);
-    model.master_grads_ = Tensor({total_params}, DType::f32);
-    model.compute_params_ = Tensor({total_params}, DType::f32);
+    model.master_params_ = Tensor({total_params}, DType::f32, device);
+    model.master_grads_ = Tensor({total_params}, DType::f32, device);
+    model.compute_params_ = Tensor({total_params}, DType::f32, device);
   }
   std::int64_t offset = 0;
   for (auto& layer : model.layers_) {
@@ -149,30 +190,98 @@ Model Model::build(const std::string& name_or_spec, const Shape& sample_shape, i
     for (const auto& param : layer->param_specs()) {
       values.push_back(Tensor::view(model.compute_params_, offset, param.shape));
       grads.push_back(Tensor::view(model.grads_, offset, param.shape));
-      model.param_slots_.push_back({layer->name() + "/" + param.name, offset, param.shape});
+      model.param_slots_.push_back({layer->name() + "/" + param.name, offset, param.shape,
+                                    param.init_bound, param.init_offset});
       offset += shape_numel(param.shape);
     }
     layer->bind_params(std::move(values), std::move(grads));
   }
+  // Buffers (BN running statistics): one more flat f32 allocation, initialised here so that
+  // every rank starts with the same values without a broadcast.
+  model.buffers_ = Tensor({total_buffers}, DType::f32, device);
+  std::int64_t buffer_offset = 0;
+  for (auto& layer : model.layers_) {
+    std::vector<Tensor> values;
+    for (const auto& buffer : layer->buffer_specs()) {
+      values.push_back(Tensor::view(model.buffers_, buffer_offset, buffer.shape));
+      model.buffer_slots_.push_back(
+          {layer->name() + "/" + buffer.name, buffer_offset, buffer.shape, buffer.init});
+      buffer_offset += shape_numel(buffer.shape);
+    }
+    if (!values.empty()) layer->bind_buffers(std::move(values));
+  }
+  model.reset_buffers();
+  model.context_ = std::make_unique<StepContext>();
+  for (auto& layer : model.layers_) layer->set_context(model.context_.get());
   return model;
 }
 
-void Model::init_params(std::uint64_t seed) {
-  std::uint64_t stream = 0;
-  for (const auto& layer : layers_) {
-    const auto specs = layer->param_specs();
-    for (std::size_t p = 0; p < specs.size(); ++p, ++stream) {
-      const CounterRng rng(seed, stream);
-      const ParamSlot& slot = param_slots_[stream];
-      float* data = master_params_.data<float>() + slot.offset;
-      const float bound = specs[p].init_bound;
-      for (std::int64_t i = 0; i < shape_numel(slot.shape); ++i)
-        // A zero bound (conv biases) gives +0 rather than a mix of signed zeros.
-        data[i] =
-            bound == 0.f ? 0.f : bound * (2.f * rng.uniform(static_cast<std::uint64_t>(i)) - 1.f);
+namespace {
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// PyTorch's _calculate_fan_in_and_fan_out for a (out, in, k...) weight.
+void fans(const Shape& weight, double& fan_in, double& fan_out) {
+  const double receptive = static_cast<double>(shape_numel(weight)) /
+                           static_cast<double>(weight[0] * weight[1]);
+  fan_in = static_cast<double>(weight[1]) * receptive;
+  fan_out = static_cast<double>(weight[0]) * receptive;
+}
+
+}  // namespace
+
+void Model::init_params(std::uint64_t seed, InitScheme scheme) {
+  // On the cuda device the values are drawn on the host and copied over once.
+  Tensor host_masters =
+      device_ == Device::cpu ? master_params_ : Tensor(master_params_.shape(), DType::f32);
+  for (std::size_t stream = 0; stream < param_slots_.size(); ++stream) {
+    const CounterRng rng(seed, stream);
+    const ParamSlot& slot = param_slots_[stream];
+    float* data = host_masters.data<float>() + slot.offset;
+    float bound = slot.init_bound, offset = slot.init_offset;
+    if (scheme != InitScheme::default_init) {
+      // He and Xavier resize conv and dense weights (by name and shape) and zero their biases.
+      if (ends_with(slot.name, "/weight") && slot.shape.size() >= 2) {
+        double fan_in = 0, fan_out = 0;
+        fans(slot.shape, fan_in, fan_out);
+        bound = static_cast<float>(scheme == InitScheme::he ? std::sqrt(6.0 / fan_in)
+                                                            : std::sqrt(6.0 / (fan_in + fan_out)));
+        offset = 0.f;
+      } else if (ends_with(slot.name, "/bias")) {
+        bound = offset = 0.f;
+      }
     }
+    for (std::int64_t i = 0; i < shape_numel(slot.shape); ++i)
+      // A zero bound (conv biases, BN) gives exactly the offset, not a mix of signed zeros.
+      data[i] = bound == 0.f
+                    ? offset
+                    : offset + bound * (2.f * rng.uniform(static_cast<std::uint64_t>(i)) - 1.f);
   }
+  if (device_ != Device::cpu) kernels::copy(host_masters, master_params_);
+  reset_buffers();
   recast_from_master();
+}
+
+void Model::reset_buffers() {
+  Tensor host_buffers = device_ == Device::cpu ? buffers_ : Tensor(buffers_.shape(), DType::f32);
+  for (const auto& slot : buffer_slots_) {
+    float* data = host_buffers.data<float>() + slot.offset;
+    for (std::int64_t i = 0; i < shape_numel(slot.shape); ++i) data[i] = slot.init;
+  }
+  if (device_ != Device::cpu) kernels::copy(host_buffers, buffers_);
+}
+
+void Model::set_rng(std::uint64_t seed, std::uint64_t step, std::uint64_t sample_offset) {
+  context_->seed = seed;
+  context_->step = step;
+  context_->sample_offset = sample_offset;
+}
+
+void Model::set_stats_reducer(StatsReducer reducer) {
+  context_->stats_reducer = std::move(reducer);
 }
 
 void Model::recast_from_master() {
@@ -197,9 +306,9 @@ void Model::plan(std::int64_t max_batch) {
       output_grads_.push_back(Tensor::view(output_grads_[i - 1], 0, shape));
       continue;
     }
-    outputs_.emplace_back(shape, logits ? DType::f32 : precision_);
+    outputs_.emplace_back(shape, logits ? DType::f32 : precision_, device_);
     // The last layer's output gradient is the caller's dlogits.
-    if (!logits) output_grads_.emplace_back(shape, precision_);
+    if (!logits) output_grads_.emplace_back(shape, precision_, device_);
   }
   for (auto& layer : layers_) layer->plan(max_batch, precision_);
   if (precision_ != DType::f32) {
@@ -213,10 +322,14 @@ void Model::plan(std::int64_t max_batch) {
       }
     workspace_ = std::make_unique<ComputeWorkspace>();
     workspace_->block_rows = std::min(max_batch, kBlockRows);
-    workspace_->input_rows = Tensor({workspace_->block_rows * widest_in}, DType::f32);
-    workspace_->output_rows = Tensor({workspace_->block_rows * widest_out}, DType::f32);
-    workspace_->weight_grad = Tensor({largest_weight}, DType::f32);
-    workspace_->bias_grad = Tensor({widest_out}, DType::f32);
+    workspace_->input_rows = Tensor({workspace_->block_rows * widest_in}, DType::f32, device_);
+    workspace_->output_rows = Tensor({workspace_->block_rows * widest_out}, DType::f32, device_);
+    workspace_->weight_grad = Tensor({largest_weight}, DType::f32, device_);
+    workspace_->bias_grad = Tensor({widest_out}, DType::f32, device_);
+    if (device_ != Device::cpu) {
+      workspace_->working_params = params_;
+      workspace_->compute_params = compute_params_;
+    }
     for (auto& layer : layers_) layer->set_workspace(workspace_.get());
   }
   current_batch_ = -1;
@@ -326,6 +439,13 @@ std::vector<NamedParam> Model::named_working_params() const {
   return all;
 }
 
+std::vector<NamedParam> Model::named_buffers() const {
+  std::vector<NamedParam> all;
+  for (const auto& slot : buffer_slots_)
+    all.push_back({slot.name, Tensor::view(buffers_, slot.offset, slot.shape), Tensor()});
+  return all;
+}
+
 std::string Model::spec() const {
   std::string text;
   for (const auto& layer : layers_) {
@@ -362,6 +482,13 @@ std::string Model::summary() const {
                   shape_to_string(output_shapes_[i]).c_str(), static_cast<long long>(count),
                   layers_[i]->flops_per_sample(shape));
     out << line;
+    // A composite layer's parts, indented under it (already counted in its line).
+    for (const auto& row : layers_[i]->child_rows()) {
+      std::snprintf(line, sizeof line, "  %-18s %-14s %6lld %16.0f\n", row.name.c_str(),
+                    shape_to_string(row.output).c_str(), static_cast<long long>(row.params),
+                    row.flops);
+      out << line;
+    }
     shape = output_shapes_[i];
   }
   std::snprintf(line, sizeof line, "%-10s %-14s %14lld %16.0f   (per sample)\n", "total",

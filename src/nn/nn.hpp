@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -26,7 +27,40 @@ struct NamedParam {
 struct ParamSpec {
   std::string name;  // local name: "weight", "bias"
   Shape shape;
-  float init_bound;  // initialised uniformly in [-init_bound, init_bound)
+  // Under --model.init=default: init_offset + U[-init_bound, init_bound).
+  float init_bound;
+  float init_offset = 0.f;  // BN gamma: 1
+  // The he and xavier schemes replace the bound of parameters named "weight" (rank >= 2, fans
+  // as PyTorch computes them from the shape) and zero those named "bias"; others keep theirs.
+};
+
+// A non-trainable tensor of a layer (BN running statistics): f32, set to INIT at build.
+struct BufferSpec {
+  std::string name;  // local name: "running_mean"
+  Shape shape;
+  float init;
+};
+
+// How Model::init_params sizes conv and dense parameters (docs/model-spec.md).
+enum class InitScheme { default_init, he, xavier };
+// Parses "default", "he" or "xavier"; throws UserError naming OPTION otherwise.
+InitScheme init_scheme_from_name(const std::string& name, const std::string& option);
+
+// Throws UserError naming OPTION unless NAME is a built-in model (mlp, cnn, resnet-mini), so
+// that a misspelt --model.name is reported as such rather than as an unknown layer.
+void require_builtin_model(const std::string& name, const std::string& option);
+
+// Sums COUNT floats at DATA element-wise across the ranks of a data-parallel job, in place. The
+// trainer installs one (an MPI_Allreduce) for synchronised BatchNorm; nn knows nothing of MPI.
+using StatsReducer = std::function<void(float* data, std::int64_t count)>;
+
+// What the model tells its layers about the current step; owned by the model (heap-held, so
+// that the layers' pointers to it survive moves of the model).
+struct StepContext {
+  StatsReducer stats_reducer;       // empty: statistics stay local to the rank
+  std::uint64_t seed = 0;           // dropout: the run's seed
+  std::uint64_t step = 0;           // dropout: the global step
+  std::uint64_t sample_offset = 0;  // dropout: global index of this rank's first sample
 };
 
 // The f32 scratch that layers compute in when activations are stored in 16 bits; private to nn
@@ -48,6 +82,7 @@ class Layer {
   // Forward FLOPs per sample (a multiply-add is 2, an elementwise op 1).
   virtual double flops_per_sample(const Shape& input_shape) const = 0;
   virtual std::vector<ParamSpec> param_specs() const { return {}; }
+  virtual std::vector<BufferSpec> buffer_specs() const { return {}; }
   // Sizes the layer's own scratch for batches of up to MAX_BATCH stored in PRECISION; called by
   // Model::plan, so that forward and backward allocate nothing.
   virtual void plan(std::int64_t /*max_batch*/, DType /*precision*/) {}
@@ -59,13 +94,28 @@ class Layer {
 
   // Hands the layer its views, in param_specs() order; called once by the model.
   void bind_params(std::vector<Tensor> values, std::vector<Tensor> grads);
+  // Hands the layer views of its buffers (f32), in buffer_specs() order; called once.
+  void bind_buffers(std::vector<Tensor> values);
   // The bound parameters, named "<layer>/<param>".
   const std::vector<NamedParam>& params() const { return params_; }
+  // The bound buffers, named "<layer>/<buffer>" (grad undefined).
+  const std::vector<NamedParam>& buffers() const { return buffers_; }
 
   // Gives the layer the model's f32 scratch for 16-bit activations (null under f32).
-  void set_workspace(ComputeWorkspace* workspace) { workspace_ = workspace; }
+  virtual void set_workspace(ComputeWorkspace* workspace) { workspace_ = workspace; }
+  // Gives the layer the model's step context (stats reducer, RNG key); null: none.
+  virtual void set_context(const StepContext* context) { context_ = context; }
 
-  // Y = layer(X) for a batch. TRAINING is for layers that behave differently (none yet).
+  // Sub-layers of a composite layer, for the summary: (name, output shape, parameters, FLOPs).
+  struct Row {
+    std::string name;
+    Shape output;
+    std::int64_t params = 0;
+    double flops = 0;
+  };
+  virtual std::vector<Row> child_rows() const { return {}; }
+
+  // Y = layer(X) for a batch. TRAINING selects batch statistics (BN) and masks (dropout).
   virtual void forward(const Tensor& x, Tensor& y, bool training) = 0;
   // From DY = dLoss/dY (and X, Y of the last forward), overwrites the parameter gradients and,
   // when DX is not null, writes DX = dLoss/dX.
@@ -73,41 +123,49 @@ class Layer {
 
  protected:
   explicit Layer(std::string name) : name_(std::move(name)) {}
+  // Called at the end of bind_params and bind_buffers: a composite layer hands views on.
+  virtual void on_bound() {}
   Tensor& param_value(std::size_t index) { return params_[index].value; }
   Tensor& param_grad(std::size_t index) { return params_[index].grad; }
   const Tensor& param_value(std::size_t index) const { return params_[index].value; }
+  Tensor& buffer_value(std::size_t index) { return buffers_[index].value; }
   ComputeWorkspace* workspace_ = nullptr;
+  const StepContext* context_ = nullptr;
 
  private:
   std::string name_;
   std::vector<NamedParam> params_;
+  std::vector<NamedParam> buffers_;
 };
 
 class Model {
  public:
   // NAME_OR_SPEC is a model name ("mlp" = dense:1024,relu,dense:1024,relu,dense:NUM_CLASSES;
   // "cnn" = conv:32:5:pad=2,relu,maxpool:2,conv:64:5:pad=2,relu,maxpool:2,flatten,dense:512,
-  // relu,dense:NUM_CLASSES) or a comma list of layers. Without a conv or pooling layer the
-  // input is flattened first (the MLP case). With one, samples keep their (C,H,W) shape (an
-  // (H,W) sample is (1,H,W)), and a dense layer after a 3-D shape needs an explicit flatten.
+  // relu,dense:NUM_CLASSES; "resnet-mini", see docs/model-spec.md) or a comma list of layers.
+  // Without a conv, pooling or resblock layer the input is flattened first (the MLP case). With
+  // one, samples keep their (C,H,W) shape (an (H,W) sample is (1,H,W)), and a dense layer after
+  // a 3-D shape needs an explicit flatten (or gap).
   // Throws UserError naming --model.layers and the layer when the spec is malformed, shapes do
   // not chain, a kernel is larger than its input, or the last layer does not output
   // NUM_CLASSES features. Parameters are allocated (zero) but not initialised.
   // PRECISION (f32, f16 or bf16; anything else aborts, the CLI validates the option) is the
   // storage type of the working weights, the activations and the gradients; layers compute in
   // f32 either way, and the logits are f32.
+  // DEVICE: where every buffer of the model lives (cuda: dense, relu, flatten layers only).
   static Model build(const std::string& name_or_spec, const Shape& sample_shape, int num_classes,
-                     DType precision = DType::f32);
+                     DType precision = DType::f32, Device device = Device::cpu);
 
   Model(Model&&) noexcept;
   Model& operator=(Model&&) noexcept;
   ~Model();
 
-  // Each parameter ~ U(-bound, bound) with its layer's bound (dense: PyTorch nn.Linear's
-  // default 1/sqrt(in); conv: He uniform sqrt(6/fan_in), bias 0), parameter k drawn from
-  // CounterRng(seed, k), so the result is a pure function of SEED. Writes the FP32
-  // masters, then recasts the working copy.
-  void init_params(std::uint64_t seed);
+  // Each parameter ~ U(-bound, bound) with its layer's bound under SCHEME (default: dense:
+  // PyTorch nn.Linear's 1/sqrt(in); conv: He uniform sqrt(6/fan_in), bias 0; BN gamma 1, beta
+  // 0; he and xavier: docs/model-spec.md), parameter k drawn from CounterRng(seed, k), so the
+  // result is a pure function of SEED. Writes the FP32 masters, then recasts the working copy.
+  // Also resets the buffers (BN running mean 0, var 1).
+  void init_params(std::uint64_t seed, InitScheme scheme = InitScheme::default_init);
   // Working copy := master_params() rounded to the precision (to nearest even), and the f32
   // compute copy := the working copy widened. A no-op under f32, where they are one buffer.
   // Call after every applied optimizer step, broadcast or checkpoint restore of the masters.
@@ -118,7 +176,18 @@ class Model {
   // Logits [b, C] f32 for X [b, sample_shape...] f32 with b <= the planned batch. The result is
   // a view of a planned buffer, valid until the next forward. No allocation once the batch size
   // and the input buffers repeat.
+  // TRAINING: BN uses (and, with a stats reducer, synchronises) batch statistics and updates
+  // its running statistics; dropout drops. Otherwise BN uses the running statistics and
+  // dropout is the identity.
   const Tensor& forward(const Tensor& x, bool training);
+  // Keys the dropout masks of the next training forward: (SEED, layer index, STEP, element
+  // index), element index counted from SAMPLE_OFFSET samples (the trainer passes rank x batch,
+  // so that the masks of a step are those of one process with the whole global batch).
+  void set_rng(std::uint64_t seed, std::uint64_t step, std::uint64_t sample_offset = 0);
+  // Installs the cross-rank sum that BN layers call in training forward (per-channel sums,
+  // sums of squares and the sample count) and backward (sums of dy and dy*xhat). Every rank
+  // must then run every training forward and backward. An empty reducer: local statistics.
+  void set_stats_reducer(StatsReducer reducer);
   // From DLOGITS [b, C] f32 (b of the last forward), overwrites grads(), in the precision. Needs
   // the last forward's activations, so call it before the next forward.
   void backward(const Tensor& dlogits);
@@ -128,6 +197,7 @@ class Model {
   std::string first_nonfinite_layer(const Tensor& x);
 
   DType precision() const { return precision_; }
+  Device device() const { return device_; }
   // The working copy: every parameter, flat, in the precision, and every gradient (same layout,
   // same dtype) as backward() writes it; this is what the all-reduce sums.
   Tensor& params() { return params_; }
@@ -148,6 +218,12 @@ class Model {
   std::vector<NamedParam> named_params() const;
   // In layout order: views of the working copy params() and of grads().
   std::vector<NamedParam> named_working_params() const;
+  // Non-trainable state (BN running statistics): one flat f32 tensor, allocated at build and
+  // initialised there (mean 0, var 1); the same on every rank until training moves it.
+  Tensor& buffers() { return buffers_; }
+  const Tensor& buffers() const { return buffers_; }
+  // In layout order: views of buffers(), named "bn1/running_mean"; grad undefined.
+  std::vector<NamedParam> named_buffers() const;
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
 
   std::string spec() const;  // canonical: "dense:1024,relu,dense:1024,relu,dense:10"
@@ -173,6 +249,7 @@ class Model {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Shape> output_shapes_;  // per sample, one per layer
   DType precision_ = DType::f32;
+  Device device_ = Device::cpu;
   // Working copy (precision), the f32 copy the layers compute with, and the FP32 masters. Under
   // f32 all three value tensors share one buffer, and the two gradient tensors another.
   Tensor params_, grads_, compute_params_, master_params_, master_grads_;
@@ -180,8 +257,19 @@ class Model {
     std::string name;  // "dense0/weight"
     std::int64_t offset;
     Shape shape;
+    float init_bound, init_offset;  // the layer's default initialisation
   };
+  void reset_buffers();
   std::vector<ParamSlot> param_slots_;  // layout of the flat buffers
+  Tensor buffers_;                      // f32, non-trainable
+  struct BufferSlot {
+    std::string name;
+    std::int64_t offset;
+    Shape shape;
+    float init;
+  };
+  std::vector<BufferSlot> buffer_slots_;
+  std::unique_ptr<StepContext> context_;  // heap-held: layers point at it
   // Heap-held so the layers' pointers to it survive moves of the model; null under f32.
   std::unique_ptr<ComputeWorkspace> workspace_;
 

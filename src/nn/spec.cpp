@@ -3,8 +3,12 @@
 
 #include <cctype>
 #include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "core/error.hpp"
+#include "nn/nn.hpp"
 
 namespace mpt::nn {
 
@@ -13,8 +17,9 @@ namespace {
 constexpr const char* kOption = kModelLayersOption;
 constexpr const char* kKnownKinds =
     "known layers are dense:N, conv:C_OUT:K[:stride=S][:pad=P], maxpool:K[:stride=S], "
-    "avgpool:K[:stride=S], gap, flatten, relu and gelu, comma-separated, e.g. "
-    "conv:32:5:pad=2,relu,maxpool:2,flatten,dense:10; known models are mlp and cnn";
+    "avgpool:K[:stride=S], gap, flatten, relu, gelu, bn, dropout:P and resblock:C[:stride=S], "
+    "comma-separated, e.g. conv:32:5:pad=2,relu,maxpool:2,flatten,dense:10 (docs/model-spec.md); "
+    "known models are mlp, cnn and resnet-mini";
 
 std::string trim(const std::string& text) {
   std::size_t begin = 0, end = text.size();
@@ -56,13 +61,37 @@ LayerSpec parse_item(const std::string& spec, const std::string& item) {
   const auto fail = [&](const std::string& usage) -> void {
     bad_spec(spec, "'" + item + "': " + usage);
   };
-  if (kind == "relu" || kind == "gelu" || kind == "flatten" || kind == "gap") {
+  if (kind == "relu" || kind == "gelu" || kind == "flatten" || kind == "gap" || kind == "bn") {
     if (parts.size() > 1) fail(kind + " takes no argument");
     return layer;
   }
   if (kind == "dense") {
     if (parts.size() != 2 || !parse_number(parts[1], 1, layer.size))
       fail("dense needs a positive number of output features, as in dense:1024");
+    return layer;
+  }
+  if (kind == "dropout") {
+    const std::string usage = "dropout needs a drop probability in [0, 1), as in dropout:0.5";
+    if (parts.size() != 2 || parts[1].empty()) fail(usage);
+    char* end = nullptr;
+    layer.rate = std::strtod(parts[1].c_str(), &end);
+    if (end != parts[1].c_str() + parts[1].size() || !(layer.rate >= 0 && layer.rate < 1))
+      fail(usage);
+    return layer;
+  }
+  if (kind == "resblock") {
+    const std::string usage =
+        "resblock needs a positive number of output channels, then an optional positive "
+        "stride=, as in resblock:64:stride=2";
+    if (parts.size() < 2 || parts.size() > 3 || !parse_number(parts[1], 1, layer.size))
+      fail(usage);
+    layer.stride = 1;
+    if (parts.size() == 3) {
+      const auto equals = parts[2].find('=');
+      if (equals == std::string::npos || trim(parts[2].substr(0, equals)) != "stride" ||
+          !parse_number(trim(parts[2].substr(equals + 1)), 1, layer.stride))
+        fail(usage);
+    }
     return layer;
   }
   if (kind == "conv" || kind == "maxpool" || kind == "avgpool") {
@@ -95,6 +124,13 @@ LayerSpec parse_item(const std::string& spec, const std::string& item) {
 
 }  // namespace
 
+void require_builtin_model(const std::string& name, const std::string& option) {
+  if (name == "mlp" || name == "cnn" || name == "resnet-mini") return;
+  throw_user_error(option + " '" + name + "' is not a built-in model",
+                   "use mlp, cnn or resnet-mini, or give the layers with --model.layers "
+                   "(docs/model-spec.md)");
+}
+
 std::vector<LayerSpec> parse_model_spec(const std::string& name_or_spec, int num_classes) {
   std::string spec = trim(name_or_spec);
   const std::string classes = std::to_string(num_classes);
@@ -102,6 +138,11 @@ std::vector<LayerSpec> parse_model_spec(const std::string& name_or_spec, int num
   if (spec == "cnn")
     spec =
         "conv:32:5:pad=2,relu,maxpool:2,conv:64:5:pad=2,relu,maxpool:2,flatten,dense:512,relu,"
+        "dense:" +
+        classes;
+  if (spec == "resnet-mini")
+    spec =
+        "conv:16:3:pad=1,bn,relu,resblock:16,resblock:32:stride=2,resblock:64:stride=2,gap,"
         "dense:" +
         classes;
   if (spec.empty()) bad_spec(spec, "no layers given");
@@ -120,12 +161,22 @@ std::vector<LayerSpec> parse_model_spec(const std::string& name_or_spec, int num
   return layers;
 }
 
+std::string format_rate(double rate) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6g", rate);
+  return text;
+}
+
 std::string format_model_spec(const std::vector<LayerSpec>& layers) {
   std::string text;
   for (const auto& layer : layers) {
     if (!text.empty()) text += ',';
     text += layer.kind;
-    if (layer.kind == "dense" || layer.kind == "conv") text += ':' + std::to_string(layer.size);
+    if (layer.kind == "dense" || layer.kind == "conv" || layer.kind == "resblock")
+      text += ':' + std::to_string(layer.size);
+    if (layer.kind == "resblock" && layer.stride != 1)
+      text += ":stride=" + std::to_string(layer.stride);
+    if (layer.kind == "dropout") text += ':' + format_rate(layer.rate);
     if (layer.kind == "conv" || layer.kind == "maxpool" || layer.kind == "avgpool")
       text += ':' + std::to_string(layer.kernel);
     if ((layer.kind == "conv" && layer.stride != 1) ||

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <string_view>
 
 #include "core/error.hpp"
 #include "optim/optim.hpp"
@@ -73,9 +74,14 @@ Tensor decay_mask(std::int64_t numel, const std::vector<ParamRange>& params, boo
   std::uint8_t* out = mask.data<std::uint8_t>();
   std::fill_n(out, numel, std::uint8_t{1});
   if (decay_biases) return mask;
+  const auto ends_with = [](const std::string& name, std::string_view suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
   for (const auto& param : params) {
     const std::string& name = param.name;
-    if (name.size() < 5 || name.compare(name.size() - 5, 5, "/bias") != 0) continue;
+    if (!ends_with(name, "/bias") && !ends_with(name, "/gamma") && !ends_with(name, "/beta"))
+      continue;
     if (param.offset < 0 || param.numel < 0 || param.offset + param.numel > numel)
       abort_job("optim::decay_mask: parameter " + name + " lies outside the flat buffer");
     std::fill_n(out + param.offset, param.numel, std::uint8_t{0});

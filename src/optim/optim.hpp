@@ -115,8 +115,9 @@ struct ParamRange {
 };
 
 // AdamW's decay mask over a flat buffer of NUMEL elements: 1 everywhere, except 0 over the
-// ranges of parameters whose name ends in "/bias" unless DECAY_BIASES (biases, like norm
-// shifts, only move the output and decaying them toward 0 hurts). Allocates; setup only.
+// ranges of biases and norm parameters (names ending in "/bias", "/gamma", "/beta") unless
+// DECAY_BIASES: they only shift or scale the output, and decaying them toward 0 hurts (the
+// usual no_decay group of PyTorch recipes). Allocates; setup only.
 Tensor decay_mask(std::int64_t numel, const std::vector<ParamRange>& params, bool decay_biases);
 
 // Learning-rate schedules, PyTorch-like, as a pure function of the applied optimizer steps.

@@ -90,6 +90,18 @@ TEST(AdamwOptimizer, DecayMaskLeavesBiasesOut) {
   for (std::int64_t i = 0; i < 11; ++i) EXPECT_EQ(all.data<std::uint8_t>()[i], 1) << i;
 }
 
+TEST(AdamwOptimizer, DecayMaskLeavesNormParametersOut) {
+  // A resblock's BatchNorm scale and shift are not decayed; its conv weight is; a parameter
+  // merely containing "gamma" in its layer name is not mistaken for one.
+  const std::vector<ParamRange> params = {{"block0/conv1/weight", 0, 3},
+                                          {"block0/bn1/gamma", 3, 2},
+                                          {"block0/bn1/beta", 5, 2},
+                                          {"gamma_dense/weight", 7, 1}};
+  const Tensor mask = decay_mask(8, params, false);
+  const std::uint8_t expected[8] = {1, 1, 1, 0, 0, 0, 0, 1};
+  EXPECT_EQ(std::memcmp(mask.raw(), expected, 8), 0);
+}
+
 TEST(Schedule, ConstantWithWarmup) {
   ScheduleOptions o;
   o.warmup_steps = 10;

@@ -1,0 +1,21 @@
+// Elementwise sum of two tensors, the residual Add of a ResNet block (forward: the two branches;
+// backward: the two gradients meeting at the block's input). Any mix of f32, f16 and bf16.
+#pragma once
+
+#include "core/tensor.hpp"
+#include "kernels/check.hpp"
+
+namespace mpt::kernels {
+
+namespace host {
+void add(const Tensor& a, const Tensor& b, Tensor& y);
+}
+
+// Y = A + B, computed in f32 and rounded once into Y's storage. All three hold the same number of
+// elements; Y may alias A or B.
+inline void add(const Tensor& a, const Tensor& b, Tensor& y) {
+  if (a.device() != Device::cpu) detail::built_without_cuda("kernels::add");
+  host::add(a, b, y);
+}
+
+}  // namespace mpt::kernels
