@@ -59,10 +59,14 @@ po::options_description train_options(TrainCommand& out) {
        "testing aid: sleep this long in every batch read, to emulate slow storage");
   po::options_description model("[model]", kHelpWidth, kHelpWidth / 2);
   model.add_options()
-      ("model.name", po::value(&run.model.name)->default_value("mlp"), "built-in model: mlp (784-1024-1024-10) | cnn (two 5x5 conv + pool blocks, dense 512)")
-      ("model.layers", po::value(&run.model.layers), "layer spec (overrides model.name): dense:N, conv:C:K[:stride=S][:pad=P], maxpool:K, avgpool:K, gap, flatten, relu, gelu")
+      ("model.name", po::value(&run.model.name)->default_value("mlp"), "built-in model: mlp (784-1024-1024-10) | cnn (two 5x5 conv + pool blocks, dense 512) | resnet-mini (conv16, 3 residual blocks with BN, gap)")
+      ("model.layers", po::value(&run.model.layers), "layer spec (overrides model.name): dense:N, conv:C:K[:stride=S][:pad=P], maxpool:K, avgpool:K, gap, flatten, relu, gelu, bn, dropout:P, resblock:C[:stride=S] (docs/model-spec.md)")
       ("model.print", po::value(&run.model.print)->default_value(false)->implicit_value(true),
-       "print layers, output shapes, parameters and FLOPs per sample");
+       "print layers, output shapes, parameters and FLOPs per sample")
+      ("model.init", po::value(&run.model.init)->default_value("default"),
+       "weight init: default (conv He uniform, dense PyTorch nn.Linear) | he | xavier (biases 0)")
+      ("model.sync-bn", po::value(&run.model.sync_bn)->default_value(false)->implicit_value(true),
+       "BatchNorm statistics over the global batch (an all-reduce per BN layer, forward and backward)");
   po::options_description loop("[train]", kHelpWidth, kHelpWidth / 2);
   loop.add_options()
       ("train.epochs", po::value(&run.loop.epochs)->default_value(1), "passes over the training set")
@@ -102,7 +106,7 @@ po::options_description train_options(TrainCommand& out) {
       ("optimizer.beta2", po::value(&run.optimizer.beta2)->default_value(0.999, "0.999"), "AdamW: decay of the second moment")
       ("optimizer.eps", po::value(&run.optimizer.eps)->default_value(1e-8, "1e-8"), "AdamW: added to the denominator")
       ("optimizer.decay-biases", po::value(&run.optimizer.decay_biases)->default_value(false)->implicit_value(true),
-       "AdamW: also apply weight decay to biases")
+       "AdamW: also apply weight decay to biases and norm parameters (gamma, beta)")
       ("optimizer.lr-scaling", po::value(&run.optimizer.lr_scaling)->default_value("none"),
        "none | linear (lr x global batch / reference-batch)")
       ("optimizer.reference-batch", po::value(&run.optimizer.reference_batch)->default_value(256),
@@ -202,7 +206,9 @@ TrainCommand parse_train_command(const std::string& command, const std::vector<s
   if (command == "eval") {
     po::options_description eval("eval", kHelpWidth, kHelpWidth / 2);
     eval.add_options()("checkpoint", po::value(&out.checkpoint),
-                       "checkpoint file, or a directory with `latest` (default: checkpoint.dir)");
+                       "checkpoint file, or a directory with `latest` (default: checkpoint.dir)")
+                      ("eval.confusion", po::value(&out.confusion)->default_value("")->implicit_value(""),
+                       "write the confusion matrix (rows: true class, columns: predicted) as CSV here; - for stdout");
     visible.add(eval);
   }
   out.help = parse(command, args, visible, out.help_text);
@@ -210,13 +216,54 @@ TrainCommand parse_train_command(const std::string& command, const std::vector<s
   const auto& device = out.runtime.device;
   MPT_REQUIRE(device == "auto" || device == "cpu" || device == "cuda",
               "unknown device '" + device + "' (--device)", "use --device=auto, cpu or cuda");
-  MPT_REQUIRE(device != "cuda", "--device=cuda: this mptrain binary has no CUDA backend yet",
-              "use --device=cpu or --device=auto");
+  MPT_REQUIRE(device != "cuda", "--device=cuda: the trainer does not run on CUDA yet",
+              "use --device=cpu or --device=auto (the CUDA kernels and their tests: docs/gpu.md)");
   const auto& matmul = out.runtime.matmul;
   MPT_REQUIRE(matmul == "auto" || matmul == "onednn" || matmul == "blas",
               "unknown matmul library '" + matmul + "' (--kernels.matmul)", "use auto, onednn or blas");
   MPT_REQUIRE(out.runtime.threads >= 0, "--train.threads must be >= 0", "0 picks a default");
   if (command == "eval" && out.checkpoint.empty()) out.checkpoint = out.run.checkpoint_dir;
+  return out;
+}
+
+ExportCommand parse_export_command(const std::vector<std::string>& args) {
+  ExportCommand out;
+  po::options_description visible("export", kHelpWidth, kHelpWidth / 2);
+  visible.add_options()
+      ("checkpoint", po::value(&out.checkpoint), "checkpoint file, or a directory with `latest`")
+      ("out", po::value(&out.out), "the model file to write (docs/export-format.md), e.g. model.h5");
+  out.help = parse("export", args, visible, out.help_text);
+  if (out.help) return out;
+  MPT_REQUIRE(!out.checkpoint.empty(), "no checkpoint given to export (--checkpoint)",
+              "e.g. mptrain export --checkpoint runs/ckpt --out model.h5");
+  MPT_REQUIRE(!out.out.empty(), "no output file given (--out)",
+              "e.g. mptrain export --checkpoint runs/ckpt --out model.h5");
+  return out;
+}
+
+PredictCommand parse_predict_command(const std::vector<std::string>& args) {
+  PredictCommand out;
+  auto& predict = out.predict;
+  po::options_description visible("predict", kHelpWidth, kHelpWidth / 2);
+  visible.add_options()
+      ("model", po::value(&predict.model_path), "the model file `mptrain export` wrote")
+      ("data", po::value(&predict.data.test_path), "data file(s) to predict (docs/data-format.md)")
+      ("out", po::value(&predict.out_path)->default_value("")->implicit_value(""),
+       "write predicted class and logits per sample to this HDF5 file (empty: none)")
+      ("confusion", po::value(&predict.confusion_path)->default_value("")->implicit_value(""),
+       "write the confusion matrix as CSV here (- for stdout; empty: none)")
+      ("batch-size", po::value(&predict.batch_size)->default_value(64), "samples per rank per forward pass")
+      ("precision", po::value(&predict.precision)->default_value("auto"),
+       "auto (the precision the model was trained in, as eval uses) | fp32 | fp16 | bf16")
+      ("threads", po::value(&out.runtime.threads)->default_value(0),
+       "compute threads per rank (0: OMP_NUM_THREADS if set, else cores per node / ranks per node)");
+  out.help = parse("predict", args, visible, out.help_text);
+  if (out.help) return out;
+  MPT_REQUIRE(!predict.model_path.empty(), "no model file given (--model)",
+              "e.g. mptrain predict --model model.h5 --data test.h5");
+  MPT_REQUIRE(!predict.data.test_path.empty(), "no data given to predict on (--data)",
+              "e.g. mptrain predict --model model.h5 --data test.h5");
+  MPT_REQUIRE(out.runtime.threads >= 0, "--threads must be >= 0", "0 picks a default");
   return out;
 }
 

@@ -21,6 +21,7 @@ struct TrainCommand {
   train::RunConfig run;
   RuntimeConfig runtime;
   std::string checkpoint;  // eval only: file or directory to evaluate
+  std::string confusion;   // eval only: --eval.confusion, CSV path ("-": stdout; empty: none)
 };
 
 // Parses the arguments that follow `mptrain train` or `mptrain eval` (COMMAND names which).
@@ -48,6 +49,24 @@ struct PrepareCommand {
   double noise = 0;
 };
 PrepareCommand parse_prepare_command(const std::vector<std::string>& args);
+
+// `mptrain export --checkpoint C --out model.h5`
+struct ExportCommand {
+  bool help = false;
+  std::string help_text;
+  std::string checkpoint;
+  std::string out;
+};
+ExportCommand parse_export_command(const std::vector<std::string>& args);
+
+// `mptrain predict --model model.h5 --data X.h5 [--out preds.h5]`
+struct PredictCommand {
+  bool help = false;
+  std::string help_text;
+  train::PredictConfig predict;
+  RuntimeConfig runtime;
+};
+PredictCommand parse_predict_command(const std::vector<std::string>& args);
 
 // Runs mptrain with its full argument vector; returns the process exit code. Initialises and
 // finalises MPI and Kokkos.

@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/hdf5.hpp"
 #include "data/data.hpp"
+#include "export/export.hpp"
 #include "kernels/matmul.hpp"
 
 // OpenBLAS keeps its own thread pool; declared weak so that a site BLAS without it still links.
@@ -26,7 +27,9 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  train     train a model (launch with mpirun/srun for data parallelism)\n"
-    "  eval      accuracy and loss of a checkpoint on a dataset\n"
+    "  eval      loss, top-1 and top-5 accuracy of a checkpoint on a dataset\n"
+    "  export    write a checkpoint as a standalone inference file (model.h5)\n"
+    "  predict   run an exported model on a dataset\n"
     "  prepare   convert a dataset to mptrain's HDF5 layout (fashion-mnist | synthetic | npy | csv)\n"
     "  inspect   print what an HDF5 data or checkpoint file holds\n"
     "\n"
@@ -83,11 +86,52 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
       return 0;
     }
     const auto result = train::run_evaluation(parsed.checkpoint, parsed.run.data,
-                                              parsed.run.loop.batch_size, world);
+                                              parsed.run.loop.batch_size, world, parsed.confusion);
     if (world.rank() == 0)
-      std::printf("eval: accuracy %.4f  loss %.4f  samples %lld  checkpoint %s  data %s\n",
-                  result.accuracy, result.loss, static_cast<long long>(result.samples),
-                  parsed.checkpoint.c_str(), parsed.run.data.test_path.c_str());
+      std::printf("eval: accuracy %.4f  top5 %.4f  loss %.4f  samples %lld  checkpoint %s  data %s\n",
+                  result.accuracy, result.top5_accuracy, result.loss,
+                  static_cast<long long>(result.samples), parsed.checkpoint.c_str(),
+                  parsed.run.data.test_path.c_str());
+    return 0;
+  }
+
+  if (command == "export") {
+    ExportCommand parsed;
+    world.run_agreed([&] { parsed = parse_export_command(rest); });
+    if (parsed.help) {
+      print_help_once(parsed.help_text, world);
+      return 0;
+    }
+    // The file is written by rank 0 alone (the weights are the same everywhere).
+    world.run_agreed([&] {
+      if (world.rank() != 0) return;
+      const auto file = exported::export_checkpoint(parsed.checkpoint, parsed.out);
+      std::printf("export: wrote %s (model %s, %zu weight tensors, %zu buffers, sha256 %s)\n",
+                  file.path.c_str(), file.model_spec.c_str(), file.weights.size(),
+                  file.buffers.size(), file.sha256.c_str());
+    });
+    return 0;
+  }
+
+  if (command == "predict") {
+    PredictCommand parsed;
+    world.run_agreed([&] {
+      parsed = parse_predict_command(rest);
+      if (!parsed.help) apply_runtime(parsed.runtime, world);
+    });
+    if (parsed.help) {
+      print_help_once(parsed.help_text, world);
+      return 0;
+    }
+    const auto result = train::run_prediction(parsed.predict, world);
+    if (world.rank() == 0) {
+      std::printf("predict: accuracy %.4f  top5 %.4f  loss %.4f  samples %lld  model %s  data %s\n",
+                  result.accuracy, result.top5_accuracy, result.loss,
+                  static_cast<long long>(result.samples), parsed.predict.model_path.c_str(),
+                  parsed.predict.data.test_path.c_str());
+      if (!parsed.predict.out_path.empty())
+        std::printf("predict: wrote %s\n", parsed.predict.out_path.c_str());
+    }
     return 0;
   }
 
@@ -151,7 +195,7 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
 
   world.run_agreed([&] {
     throw_user_error("unknown command '" + command + "'",
-                     "commands are train, eval, prepare and inspect; see `mptrain --help`");
+                     "commands are train, eval, export, predict, prepare and inspect; see `mptrain --help`");
   });
   return 2;
 }

@@ -11,6 +11,7 @@
 #include <bit>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -27,6 +28,7 @@ namespace fs = std::filesystem;
 constexpr const char* kFormat = "mptrain-checkpoint";
 constexpr std::int32_t kFormatVersion = 1;
 constexpr const char* kWeightsGroup = "weights";
+constexpr const char* kBuffersGroup = "buffers";
 constexpr const char* kLatestName = "latest";
 
 // The documented checksum is over little-endian float32 bytes; on such hosts that is memory order.
@@ -64,7 +66,59 @@ void rename_durably(const std::string& from, const std::string& to, const std::s
   fsync_path(dir, /*directory=*/true);
 }
 
-bool valid_weight_name(const std::string& name) {
+// Writes TENSORS as GROUP/<name> of ROOT, each with the crc32 attribute of its bytes.
+void write_tensor_group(hid_t root, const char* group_name,
+                        const std::vector<NamedTensor>& tensors) {
+  Hdf5Handle group(H5Gcreate2(root, group_name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  MPT_CHECK_HDF5(group.get());
+  for (const auto& tensor : tensors) {
+    Hdf5Handle dataset =
+        hdf5_write_dataset(group.get(), tensor.name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
+                           tensor.value.shape(), tensor.value.raw());
+    hdf5_write_attribute(dataset.get(), "crc32",
+                         crc32_of(tensor.value.raw(), tensor.value.size_bytes()));
+  }
+}
+
+// Reads GROUP/<name> for every name in NAMES, verifying each dataset's CRC32.
+std::vector<NamedTensor> read_tensor_group(hid_t root, const std::string& group_name,
+                                           const std::vector<std::string>& names,
+                                           const std::string& path,
+                                           const std::string& damaged_hint) {
+  std::vector<NamedTensor> tensors;
+  for (const auto& name : names) {
+    const std::string dataset_path = group_name + "/" + name;
+    MPT_REQUIRE(hdf5_has_link(root, dataset_path),
+                "checkpoint '" + path + "' lacks the dataset '/" + dataset_path + "'",
+                damaged_hint);
+    Hdf5Handle dataset(H5Dopen2(root, dataset_path.c_str(), H5P_DEFAULT));
+    MPT_REQUIRE(
+        dataset.valid(),
+        "cannot open '/" + dataset_path + "' in checkpoint '" + path + "': " + hdf5_last_error(),
+        damaged_hint);
+    Tensor value(hdf5_dataset_shape(dataset.get()), DType::f32);
+    MPT_REQUIRE(
+        hdf5_read_dataset(dataset.get(), H5T_NATIVE_FLOAT, value.raw()) >= 0,
+        "cannot read '/" + dataset_path + "' in checkpoint '" + path + "': " + hdf5_last_error(),
+        damaged_hint);
+    const auto stored_crc = hdf5_read_int_attribute(dataset.get(), "crc32");
+    MPT_REQUIRE(stored_crc.has_value(),
+                "'/" + dataset_path + "' in checkpoint '" + path + "' has no crc32 attribute",
+                damaged_hint);
+    const std::uint32_t actual_crc = crc32_of(value.raw(), value.size_bytes());
+    MPT_REQUIRE(static_cast<std::uint32_t>(*stored_crc) == actual_crc,
+                "checksum mismatch in checkpoint '" + path + "': '/" + dataset_path +
+                    "' has CRC32 " + std::to_string(actual_crc) + " but " +
+                    std::to_string(*stored_crc) + " was stored",
+                damaged_hint);
+    tensors.push_back({name, std::move(value)});
+  }
+  return tensors;
+}
+
+}  // namespace
+
+bool valid_tensor_name(const std::string& name) {
   if (name.empty() || name.front() == '/' || name.back() == '/' ||
       name.find("..") != std::string::npos || name.find("//") != std::string::npos)
     return false;
@@ -75,18 +129,40 @@ bool valid_weight_name(const std::string& name) {
   return true;
 }
 
-}  // namespace
+void write_hdf5_atomically(const std::string& path, const std::string& what,
+                           const std::function<void(hid_t root)>& fill) {
+  const std::string temporary_path = path + ".tmp";
+  std::string dir = fs::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  {
+    auto lock = hdf5_lock();
+    hdf5_quiet();
+    Hdf5Handle file(H5Fcreate(temporary_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+    MPT_REQUIRE(file.valid(),
+                "cannot create " + what + " '" + temporary_path + "': " + hdf5_last_error(),
+                "check that the directory exists, is writable and has free space");
+    fill(file.get());
+    MPT_CHECK_HDF5(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));
+    MPT_CHECK_HDF5(H5Fclose(file.release()));
+  }
+  fsync_path(temporary_path, /*directory=*/false);
+  rename_durably(temporary_path, path, dir);
+}
 
 std::string save_weights(const std::string& dir, const CheckpointMeta& meta,
-                         const std::vector<NamedTensor>& weights) {
+                         const std::vector<NamedTensor>& weights,
+                         const std::vector<NamedTensor>& buffers) {
   std::set<std::string> seen;
-  for (const auto& weight : weights) {
-    if (!valid_weight_name(weight.name) || !seen.insert(weight.name).second)
-      abort_job("save_weights: invalid or duplicate weight name '" + weight.name + "'");
-    if (weight.value.dtype() != DType::f32 || weight.value.device() != Device::cpu ||
-        !weight.value.defined())
-      abort_job("save_weights: weight '" + weight.name + "' is " + weight.value.describe() +
-                ", expected f32 on the cpu");
+  for (const auto* group : {&weights, &buffers}) {
+    seen.clear();
+    for (const auto& weight : *group) {
+      if (!valid_tensor_name(weight.name) || !seen.insert(weight.name).second)
+        abort_job("save_weights: invalid or duplicate tensor name '" + weight.name + "'");
+      if (weight.value.dtype() != DType::f32 || weight.value.device() != Device::cpu ||
+          !weight.value.defined())
+        abort_job("save_weights: tensor '" + weight.name + "' is " + weight.value.describe() +
+                  ", expected f32 on the cpu");
+    }
   }
   std::error_code error;
   fs::create_directories(dir, error);
@@ -97,15 +173,7 @@ std::string save_weights(const std::string& dir, const CheckpointMeta& meta,
 
   const std::string name = "ckpt-" + std::to_string(meta.step) + ".h5";
   const std::string final_path = (fs::path(dir) / name).string();
-  const std::string temporary_path = final_path + ".tmp";
-  {
-    auto lock = hdf5_lock();
-    hdf5_quiet();
-    Hdf5Handle file(H5Fcreate(temporary_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
-    MPT_REQUIRE(file.valid(),
-                "cannot create checkpoint '" + temporary_path + "': " + hdf5_last_error(),
-                "check that the checkpoint directory is writable and has free space");
-    const hid_t root = file.get();
+  write_hdf5_atomically(final_path, "checkpoint", [&](hid_t root) {
     hdf5_write_attribute(root, "mptrain_format", kFormat);
     hdf5_write_attribute(root, "format_version", kFormatVersion);
     hdf5_write_attribute(root, "model_spec", meta.model_spec);
@@ -121,25 +189,23 @@ std::string save_weights(const std::string& dir, const CheckpointMeta& meta,
         meta.mptrain_version.empty() ? std::string(MPTRAIN_VERSION) : meta.mptrain_version);
     hdf5_write_attribute(root, "git_hash",
                          meta.git_hash.empty() ? std::string(MPTRAIN_GIT_HASH) : meta.git_hash);
+    // Unknown normalisation is simply not written; readers then see it as absent.
+    if (!std::isnan(meta.input_mean) && !std::isnan(meta.input_std)) {
+      hdf5_write_attribute(root, "input_mean", static_cast<float>(meta.input_mean));
+      hdf5_write_attribute(root, "input_std", static_cast<float>(meta.input_std));
+    }
     std::vector<std::string> names;
     for (const auto& weight : weights) names.push_back(weight.name);
     hdf5_write_attribute(root, "weight_names", names);
-
-    Hdf5Handle group(H5Gcreate2(root, kWeightsGroup, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-    MPT_CHECK_HDF5(group.get());
-    for (const auto& weight : weights) {
-      Hdf5Handle dataset =
-          hdf5_write_dataset(group.get(), weight.name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
-                             weight.value.shape(), weight.value.raw());
-      hdf5_write_attribute(dataset.get(), "crc32",
-                           crc32_of(weight.value.raw(), weight.value.size_bytes()));
+    write_tensor_group(root, kWeightsGroup, weights);
+    // A model without buffers gets neither the attribute nor the group, as before buffers existed.
+    if (!buffers.empty()) {
+      names.clear();
+      for (const auto& buffer : buffers) names.push_back(buffer.name);
+      hdf5_write_attribute(root, "buffer_names", names);
+      write_tensor_group(root, kBuffersGroup, buffers);
     }
-    group.reset();
-    MPT_CHECK_HDF5(H5Fflush(root, H5F_SCOPE_GLOBAL));
-    MPT_CHECK_HDF5(H5Fclose(file.release()));
-  }
-  fsync_path(temporary_path, /*directory=*/false);
-  rename_durably(temporary_path, final_path, dir);
+  });
 
   // 'latest' names the newest complete checkpoint; updated only after that file is durable.
   const std::string latest_path = (fs::path(dir) / kLatestName).string();
@@ -156,7 +222,7 @@ std::string save_weights(const std::string& dir, const CheckpointMeta& meta,
   return final_path;
 }
 
-LoadedCheckpoint load_weights(const std::string& path_or_dir) {
+std::string resolve_checkpoint_path(const std::string& path_or_dir) {
   std::string path = path_or_dir;
   if (fs::is_directory(path_or_dir)) {
     const std::string latest_path = (fs::path(path_or_dir) / kLatestName).string();
@@ -172,6 +238,11 @@ LoadedCheckpoint load_weights(const std::string& path_or_dir) {
                 "write the file name of the checkpoint to load into it, or pass the file");
     path = (fs::path(path_or_dir) / name).string();
   }
+  return path;
+}
+
+LoadedCheckpoint load_weights(const std::string& path_or_dir) {
+  const std::string path = resolve_checkpoint_path(path_or_dir);
   MPT_REQUIRE(fs::exists(path), "checkpoint file '" + path + "' not found",
               "check the path; a directory's 'latest' must name an existing file");
 
@@ -211,6 +282,7 @@ LoadedCheckpoint load_weights(const std::string& path_or_dir) {
     return *value;
   };
   LoadedCheckpoint loaded;
+  loaded.path = path;
   CheckpointMeta& meta = loaded.meta;
   meta.model_spec = require_string("model_spec");
   const auto sample_shape = hdf5_read_int_array_attribute(root, "sample_shape");
@@ -229,33 +301,12 @@ LoadedCheckpoint load_weights(const std::string& path_or_dir) {
   MPT_REQUIRE(names.has_value(), "checkpoint '" + path + "' lacks the attribute 'weight_names'",
               damaged_hint);
 
-  for (const auto& name : *names) {
-    const std::string dataset_path = std::string(kWeightsGroup) + "/" + name;
-    MPT_REQUIRE(hdf5_has_link(root, dataset_path),
-                "checkpoint '" + path + "' lacks the dataset '/" + dataset_path + "'",
-                damaged_hint);
-    Hdf5Handle dataset(H5Dopen2(root, dataset_path.c_str(), H5P_DEFAULT));
-    MPT_REQUIRE(
-        dataset.valid(),
-        "cannot open '/" + dataset_path + "' in checkpoint '" + path + "': " + hdf5_last_error(),
-        damaged_hint);
-    Tensor value(hdf5_dataset_shape(dataset.get()), DType::f32);
-    MPT_REQUIRE(
-        hdf5_read_dataset(dataset.get(), H5T_NATIVE_FLOAT, value.raw()) >= 0,
-        "cannot read '/" + dataset_path + "' in checkpoint '" + path + "': " + hdf5_last_error(),
-        damaged_hint);
-    const auto stored_crc = hdf5_read_int_attribute(dataset.get(), "crc32");
-    MPT_REQUIRE(stored_crc.has_value(),
-                "'/" + dataset_path + "' in checkpoint '" + path + "' has no crc32 attribute",
-                damaged_hint);
-    const std::uint32_t actual_crc = crc32_of(value.raw(), value.size_bytes());
-    MPT_REQUIRE(static_cast<std::uint32_t>(*stored_crc) == actual_crc,
-                "checksum mismatch in checkpoint '" + path + "': '/" + dataset_path +
-                    "' has CRC32 " + std::to_string(actual_crc) + " but " +
-                    std::to_string(*stored_crc) + " was stored",
-                damaged_hint);
-    loaded.weights.push_back({name, std::move(value)});
-  }
+  if (const auto mean = hdf5_read_float_attribute(root, "input_mean")) meta.input_mean = *mean;
+  if (const auto std = hdf5_read_float_attribute(root, "input_std")) meta.input_std = *std;
+  loaded.weights = read_tensor_group(root, kWeightsGroup, *names, path, damaged_hint);
+  // No buffer_names: a model without buffers (or a checkpoint from before they were saved).
+  if (const auto buffer_names = hdf5_read_string_array_attribute(root, "buffer_names"))
+    loaded.buffers = read_tensor_group(root, kBuffersGroup, *buffer_names, path, damaged_hint);
   return loaded;
 }
 

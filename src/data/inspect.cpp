@@ -216,6 +216,8 @@ std::string inspect_file(const std::string& path) {
   std::string kind = "other HDF5 file (not written by mptrain)";
   if (format == detail::kDataFormat) kind = "mptrain data file";
   if (format == detail::kCheckpointFormat) kind = "mptrain checkpoint";
+  if (format == detail::kModelFormat) kind = "mptrain exported model";
+  if (format == detail::kPredictionsFormat) kind = "mptrain predictions";
   std::ostringstream out;
   out << path << ": " << kind;
   if (auto version = hdf5_read_int_attribute(root, "format_version"))

@@ -16,6 +16,10 @@ namespace mpt::data::detail {
 
 inline constexpr const char* kDataFormat = "mptrain-data";
 inline constexpr const char* kCheckpointFormat = "mptrain-checkpoint";
+// Written by src/export (export and predict); named here only so that inspect can say what
+// the file is (data does not depend on export).
+inline constexpr const char* kModelFormat = "mptrain-model";
+inline constexpr const char* kPredictionsFormat = "mptrain-predictions";
 inline constexpr std::int32_t kDataFormatVersion = 1;
 // Target size of one chunk of /samples: small enough that a random batch reads little beyond the
 // samples it wants, large enough that the chunk index stays small.

@@ -6,6 +6,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "amp/amp.hpp"
 #include "comm/comm.hpp"
@@ -41,6 +42,8 @@ struct ModelConfig {
   std::string name = "mlp";
   std::string layers;  // overrides name when set
   bool print = false;  // print the layer table before training
+  std::string init = "default";  // default | he | xavier (docs/model-spec.md)
+  bool sync_bn = false;  // BatchNorm statistics summed across ranks (docs/architecture.md)
 };
 
 struct LoopConfig {
@@ -99,6 +102,7 @@ struct TrainSummary {
   double final_train_loss = 0;
   double test_loss = 0;
   double test_accuracy = -1;  // -1: no test set
+  double test_top5_accuracy = -1;
   double samples_per_s = 0;
   double wall_s = 0;
   double data_wait_s = 0;         // time blocked waiting for input batches, slowest rank
@@ -135,15 +139,41 @@ class Trainer {
 // Constructs a Trainer and runs it.
 TrainSummary run_training(const RunConfig& config, const comm::World& world);
 
+// What evaluate, eval, predict and the periodic evaluation report; identical on every rank.
 struct EvalResult {
   std::int64_t samples = 0;
   double loss = 0;
-  double accuracy = 0;
+  double accuracy = 0;       // top-1
+  double top5_accuracy = 0;  // true class among the 5 highest logits (all of them under 5 classes)
+  int num_classes = 0;
+  // Row-major [true class][predicted class] counts; predicted = the first maximum logit.
+  std::vector<std::int64_t> confusion;
 };
 
+// Writes RESULT's confusion matrix as CSV to PATH ("-": stdout), atomically (tmp + rename):
+// a header "true/pred,0,1,...", then one row per true class (its index, then its counts).
+// Call on one rank.
+void write_confusion_csv(const EvalResult& result, const std::string& path);
+
 // Evaluates the checkpoint at CHECKPOINT (a file, or a directory holding `latest`) on the
-// dataset at DATA_PATH, every rank taking a contiguous slice of it.
+// dataset at DATA_PATH, every rank taking a contiguous slice of it. CONFUSION_PATH (empty:
+// none) receives the confusion matrix from rank 0.
 EvalResult run_evaluation(const std::string& checkpoint, const DataConfig& data,
-                          std::int64_t batch_size, const comm::World& world);
+                          std::int64_t batch_size, const comm::World& world,
+                          const std::string& confusion_path = "");
+
+// `mptrain predict`: inference with an exported model file (docs/export-format.md).
+struct PredictConfig {
+  std::string model_path;      // the exported model.h5
+  DataConfig data;             // data.test_path: the samples to predict (with labels)
+  std::string out_path;        // empty: none; else an HDF5 file of predictions and logits
+  std::string confusion_path;  // empty: none; "-": stdout
+  std::int64_t batch_size = 64;  // per rank
+  std::string precision = "auto";  // auto: the precision the model was trained in
+};
+
+// Verifies and loads the model file, then evaluates it on the data exactly as `eval` does (each
+// rank a contiguous slice, sums all-reduced); rank 0 writes OUT_PATH.
+EvalResult run_prediction(const PredictConfig& config, const comm::World& world);
 
 }  // namespace mpt::train

@@ -278,9 +278,11 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
                   "--data.test must come from the same preparation as --data.train");
     }
     const auto& info = train_reader->info();
+    if (config.model.layers.empty()) nn::require_builtin_model(config.model.name, "--model.name");
     const std::string model_spec = config.model.layers.empty() ? config.model.name : config.model.layers;
     model.emplace(nn::Model::build(model_spec, info.sample_shape, info.num_classes,
                                    precision_dtype(config.amp)));
+    nn::init_scheme_from_name(config.model.init, "--model.init");  // checked on every rank
     state_->scaler.emplace(scaler_options(config.amp));
     state_->fault = parse_fault(config.fault);
     plan.emplace(info.num_samples, config.loop.batch_size, world.size(), world.rank(),
@@ -355,7 +357,12 @@ TrainSummary Trainer::run() {
 
   // Rank 0 draws the initial weights and broadcasts them: the ranks start identical even if a
   // site's libm differs between nodes.
-  if (root) model->init_params(config.loop.seed);
+  if (root) model->init_params(config.loop.seed, nn::init_scheme_from_name(config.model.init, "--model.init"));
+  // Sync BN: the layers' per-channel sums (and the sample count) are summed over the world.
+  if (config.model.sync_bn)
+    model->set_stats_reducer([comm = world.handle()](float* data, std::int64_t count) {
+      MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm));
+    });
   world.broadcast(model->master_params(), 0);
   model->recast_from_master();  // the 16-bit working copy (a no-op under fp32)
 
@@ -425,11 +432,16 @@ TrainSummary Trainer::run() {
         abort_job("Trainer: prefetched batch (" + std::to_string(input.epoch) + ", " +
                   std::to_string(input.step) + ") is not the planned (" + std::to_string(epoch) +
                   ", " + std::to_string(epoch_step) + ")");
+      // Dropout masks keyed by (seed, layer, global step, global sample index): the same on resume.
+      model->set_rng(config.loop.seed, static_cast<std::uint64_t>(step),
+                     static_cast<std::uint64_t>(world.rank()) * static_cast<std::uint64_t>(batch));
       const Tensor& logits = model->forward(input.samples, /*training=*/true);
       const double loss_scale = scaler.scale();
       const auto stats = kernels::softmax_xent_forward_backward(
           logits, input.labels, dlogits, grad_scale * static_cast<float>(loss_scale));
       const bool loss_finite = std::isfinite(stats.loss_sum);
+      // Sync BN's backward reduces across ranks, so every rank runs it, finite loss or not.
+      if (!loss_finite && config.model.sync_bn) model->backward(dlogits);
       if (loss_finite) {
         model->backward(dlogits);
       } else if (skip_nonfinite_loss) {
@@ -517,17 +529,24 @@ TrainSummary Trainer::run() {
     const bool last = step >= total_steps;
     if (test_reader && (epoch_complete || last)) {
       const auto eval_start = Clock::now();
+      // Without sync BN every rank's running statistics drift apart; evaluate (and later save)
+      // rank 0's on every rank, as PyTorch DDP broadcasts buffers, so that this evaluation is
+      // the one `eval` and `predict` reproduce from the checkpoint.
+      if (model->buffers().numel() > 0) world.broadcast(model->buffers(), 0);
       const EvalResult eval = evaluate(*model, *test_reader, batch, world);
       summary.test_loss = eval.loss;
       summary.test_accuracy = eval.accuracy;
+      summary.test_top5_accuracy = eval.top5_accuracy;
       if (root) {
-        std::printf("epoch %lld done in %.1f s: test_loss %.4f  test_accuracy %.4f  (%lld samples, eval %.1f s)\n",
+        std::printf("epoch %lld done in %.1f s: test_loss %.4f  test_accuracy %.4f  test_top5 %.4f  (%lld samples, eval %.1f s)\n",
                     static_cast<long long>(epoch), seconds_since(epoch_start), eval.loss,
-                    eval.accuracy, static_cast<long long>(eval.samples), seconds_since(eval_start));
+                    eval.accuracy, eval.top5_accuracy, static_cast<long long>(eval.samples),
+                    seconds_since(eval_start));
         std::fflush(stdout);
         JsonObject record;
         record.add("step", step).add("epoch", epoch).add("test_loss", eval.loss)
-            .add("test_accuracy", eval.accuracy).add("test_samples", eval.samples);
+            .add("test_accuracy", eval.accuracy).add("test_top5_accuracy", eval.top5_accuracy)
+            .add("test_samples", eval.samples);
         metrics.write(record);
       }
       window_start = Clock::now();  // evaluation time is not training throughput
@@ -564,9 +583,12 @@ TrainSummary Trainer::run() {
     meta.precision = config.amp.precision;
     meta.mptrain_version = MPTRAIN_VERSION;
     meta.git_hash = MPTRAIN_GIT_HASH;
-    std::vector<ckpt::NamedTensor> weights;
+    meta.input_mean = info.mean;  // what the reader applied to uint8 samples; export needs it
+    meta.input_std = info.std;
+    std::vector<ckpt::NamedTensor> weights, buffers;
     for (const auto& param : model->named_params()) weights.push_back({param.name, param.value});
-    const std::string path = ckpt::save_weights(config.checkpoint_dir, meta, weights);
+    for (const auto& buffer : model->named_buffers()) buffers.push_back({buffer.name, buffer.value});
+    const std::string path = ckpt::save_weights(config.checkpoint_dir, meta, weights, buffers);
     std::printf("checkpoint: wrote %s\n", path.c_str());
   });
 
@@ -578,6 +600,7 @@ TrainSummary Trainer::run() {
         .add("final_train_loss", summary.final_train_loss)
         .add("test_loss", test_reader ? summary.test_loss : std::nan(""))
         .add("test_accuracy", test_reader ? summary.test_accuracy : std::nan(""))
+        .add("test_top5_accuracy", test_reader ? summary.test_top5_accuracy : std::nan(""))
         .add("samples_per_s", summary.samples_per_s).add("train_s", train_seconds)
         .add("data_wait_s", summary.data_wait_s).add("data_wait_fraction", summary.data_wait_fraction)
         .add("precision", config.amp.precision).add("loss_scale", summary.loss_scale)

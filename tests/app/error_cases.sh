@@ -42,6 +42,10 @@ expect_error "batch larger than dataset" 2 "--train.batch-size" \
   train --data.train="$D/train.h5" --train.batch-size=100000 --output.dir="$TMP/o"
 expect_error "bad model spec" 2 "--model.layers" \
   train --data.train="$D/train.h5" --model.layers=dense:10,sigmoid,dense:10 --output.dir="$TMP/o"
+expect_error "unknown weight init" 2 "--model.init" \
+  train --data.train="$D/train.h5" --model.init=glorot --output.dir="$TMP/o"
+expect_error "unknown model name" 2 "--model.name" \
+  train --data.train="$D/train.h5" --model.name=resnet-huge --output.dir="$TMP/o"
 expect_error "unknown optimizer" 2 "unknown optimizer 'adam' (--optimizer.name)" \
   train --data.train="$D/train.h5" --optimizer.name=adam --output.dir="$TMP/o"
 expect_error "unknown schedule" 2 "unknown schedule 'cosin' (--schedule.name)" \

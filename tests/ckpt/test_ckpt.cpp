@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -161,6 +162,67 @@ TEST(Checkpoint, InspectDescribesIt) {
        {"mptrain checkpoint", "step = 42", "/weights/dense0/weight  float32 (256,256)",
         "crc32 = ", "weight_names = [\"dense0/weight\""})
     EXPECT_NE(text.find(needle), std::string::npos) << "missing '" << needle << "' in:\n" << text;
+}
+
+TEST(Checkpoint, BuffersAndNormalisationRoundTrip) {
+  TempDir dir("ckpt-buffers");
+  CheckpointMeta meta = sample_meta(8);
+  meta.input_mean = 0.25;
+  meta.input_std = 0.5;
+  const std::vector<NamedTensor> buffers = {{"bn1/running_mean", filled({16}, 0.1f)},
+                                            {"bn1/running_var", filled({16}, 0.9f)}};
+  const std::string path = save_weights(dir.path(), meta, sample_weights(), buffers);
+  const LoadedCheckpoint loaded = load_weights(path);
+  EXPECT_EQ(loaded.path, path);
+  EXPECT_EQ(loaded.meta.input_mean, 0.25);
+  EXPECT_EQ(loaded.meta.input_std, 0.5);
+  ASSERT_EQ(loaded.buffers.size(), 2u);
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    EXPECT_EQ(loaded.buffers[i].name, buffers[i].name);
+    EXPECT_EQ(loaded.buffers[i].value.shape(), buffers[i].value.shape());
+    EXPECT_EQ(std::memcmp(loaded.buffers[i].value.raw(), buffers[i].value.raw(),
+                          buffers[i].value.size_bytes()),
+              0);
+  }
+  {
+    auto lock = hdf5_lock();
+    Hdf5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    EXPECT_TRUE(hdf5_has_link(file.get(), "buffers/bn1/running_var"));
+    Hdf5Handle dataset(H5Dopen2(file.get(), "buffers/bn1/running_var", H5P_DEFAULT));
+    EXPECT_TRUE(hdf5_read_int_attribute(dataset.get(), "crc32").has_value());
+  }
+  // A model without buffers: no group, and nothing comes back; no normalisation: NaN.
+  const std::string plain = save_weights(dir.path(), sample_meta(9), sample_weights());
+  const LoadedCheckpoint without = load_weights(plain);
+  EXPECT_TRUE(without.buffers.empty());
+  EXPECT_TRUE(std::isnan(without.meta.input_mean));
+  auto lock = hdf5_lock();
+  Hdf5Handle file(H5Fopen(plain.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  EXPECT_FALSE(hdf5_has_link(file.get(), "buffers"));
+}
+
+TEST(Checkpoint, FlippedBytesInABufferAreDetected) {
+  TempDir dir("ckpt-buffer-flip");
+  const std::vector<NamedTensor> buffers = {{"bn0/running_mean", filled({4096}, 0.1f)}};
+  const std::string path = save_weights(dir.path(), sample_meta(3), sample_weights(), buffers);
+  haddr_t offset = 0;
+  {
+    auto lock = hdf5_lock();
+    Hdf5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    Hdf5Handle dataset(H5Dopen2(file.get(), "buffers/bn0/running_mean", H5P_DEFAULT));
+    offset = H5Dget_offset(dataset.get());
+    ASSERT_NE(offset, HADDR_UNDEF);
+  }
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(offset + 100));
+    const char garbage[2] = {'\x7f', '\x01'};
+    file.write(garbage, sizeof(garbage));
+  }
+  const std::string text = user_error_text([&] { load_weights(path); });
+  EXPECT_NE(text.find(path), std::string::npos) << text;
+  EXPECT_NE(text.find("checksum mismatch"), std::string::npos) << text;
+  EXPECT_NE(text.find("/buffers/bn0/running_mean"), std::string::npos) << text;
 }
 
 }  // namespace
