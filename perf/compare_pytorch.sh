@@ -115,7 +115,8 @@ run_mptrain() {  # K I
   local k=$1 i=$2 dir=$tmp/mpt-$1-$2
   run_or_show "$dir.log" launch/mpirun.sh "$k" train --config "$config" \
     --train.batch-size="$batch" --train.max-steps="$steps" --train.epochs=1 \
-    --output.dir="$dir" --checkpoint.dir=
+    --optimizer.nesterov=false --optimizer.weight-decay=0 --schedule.name=constant \
+    --schedule.warmup-steps=0 --output.dir="$dir" --checkpoint.dir=
   local sps
   sps=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["samples_per_s"])' \
     "$dir/summary.json") || { echo "compare_pytorch: no samples_per_s in $dir/summary.json" >&2; exit 1; }
