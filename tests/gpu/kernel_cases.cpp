@@ -74,7 +74,11 @@ void case_gelu(Harness& h, Random& rng) {
 }
 
 void case_bias(Harness& h, Random& rng) {
-  for (auto [batch, features] : {std::pair<std::int64_t, std::int64_t>{256, 1024}, {37, 10}}) {
+  // The large shapes split the column sum into many row chunks with partial column tiles.
+  for (auto [batch, features] : {std::pair<std::int64_t, std::int64_t>{256, 1024},
+                                 {37, 10},
+                                 {8193, 1000},
+                                 {20000, 33}}) {
     const std::string dims = " [" + std::to_string(batch) + "x" + std::to_string(features) + "]";
     Tensor y = rng.tensor({batch, features}, DType::f32), b = rng.tensor({features}, DType::f32);
     Tensor yd = dev(y), bd = dev(b);
@@ -84,10 +88,18 @@ void case_bias(Harness& h, Random& rng) {
     for (bool accumulate : {false, true}) {
       Tensor db = rng.tensor({features}, DType::f32);
       Tensor dbd = dev(db);
+      // Relative to the sum of |dy| down the column: a long sum may cancel to near 0.
+      Tensor size({features}, DType::f32);
+      for (std::int64_t j = 0; j < features; ++j) {
+        double total = std::abs(db.data<float>()[j]);
+        for (std::int64_t row = 0; row < batch; ++row)
+          total += std::abs(y.data<float>()[row * features + j]);
+        size.data<float>()[j] = static_cast<float>(total);
+      }
       kernels::bias_add_backward(y, db, accumulate);
       kernels::bias_add_backward(yd, dbd, accumulate);
       h.expect_close(std::string("bias_add_backward") + (accumulate ? " accumulate" : "") + dims, dbd,
-                     db, kF32Reduction);
+                     db, kF32Reduction, &size);
     }
   }
 }
