@@ -83,6 +83,11 @@ PYEOF
   p=$(metrics_of "$dir/predict.log")
   [ -n "$p" ] && [ "$p" = "$e2" ] && pass "$name: predict = eval exactly ($p)" ||
     fail "$name: predict '$p' != eval '$e2'"
+  # inspect names both files it did not write as data or checkpoints.
+  "$MPTRAIN" inspect "$dir/model.h5" 2>&1 | head -1 | grep -q ": mptrain exported model" &&
+    "$MPTRAIN" inspect "$dir/preds.h5" 2>&1 | head -1 | grep -q ": mptrain predictions" &&
+    pass "$name: inspect recognises the export and predictions files" ||
+    fail "$name: inspect does not recognise model.h5 or preds.h5"
 
   # numpy computes in fp32: a 16-bit model is compared with predict in fp32 (same weights).
   if [ "$precision" != fp32 ]; then
