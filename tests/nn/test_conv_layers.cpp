@@ -18,6 +18,7 @@
 #include "nn/gelu_layer.hpp"
 #include "nn/nn.hpp"
 #include "tests/nn/gradcheck_util.hpp"
+#include "tests/nn/twin_util.hpp"
 #include "nn/pool2d_layer.hpp"
 
 namespace mpt::nn {
@@ -28,6 +29,7 @@ void fill_uniform(Tensor& t, std::uint64_t seed, float low, float high) {
   test::fill_uniform(t, seed, low, high, 13);
 }
 using test::central_difference;
+using test::values_of;
 
 // A standalone layer with its parameters bound to flat f32 buffers.
 struct Bound {
@@ -302,18 +304,6 @@ TEST(GeluGradcheck, InputAndValues) {
   gradcheck(gelu, b, x, in_shape, 1e-2f, 1e-3, true);
 }
 
-// A float tensor (f32 or 16-bit) as doubles.
-std::vector<double> values_of(const Tensor& t) {
-  std::vector<double> out(static_cast<std::size_t>(t.numel()));
-  for (std::int64_t i = 0; i < t.numel(); ++i) {
-    const auto bits = [&] { return static_cast<const std::uint16_t*>(t.raw())[i]; };
-    out[static_cast<std::size_t>(i)] = t.dtype() == DType::f32   ? t.data<float>()[i]
-                                       : t.dtype() == DType::f16 ? half_bits_to_float(bits())
-                                                                 : bf16_bits_to_float(bits());
-  }
-  return out;
-}
-
 class ConvMixedPrecision : public testing::TestWithParam<DType> {};
 
 TEST_P(ConvMixedPrecision, GradientsCloseToF32OnTheSameRoundedWeights) {
@@ -329,44 +319,19 @@ TEST_P(ConvMixedPrecision, GradientsCloseToF32OnTheSameRoundedWeights) {
        {"conv:4:3:pad=1,relu,maxpool:2,conv:6:3:stride=2,gelu,avgpool:2:stride=1,flatten,dense:3",
         "conv:5:3,gelu,gap,dense:3"}) {
     SCOPED_TRACE(spec);
-    const Shape sample{2, 10, 12};
-    Model model = Model::build(spec, sample, 3, dtype);
-    model.init_params(9);
-    Model twin = Model::build(spec, sample, 3);
-    const auto working = values_of(model.params());
-    for (std::int64_t i = 0; i < twin.num_params(); ++i)
-      twin.params().data<float>()[i] = static_cast<float>(working[static_cast<std::size_t>(i)]);
-    const std::int64_t batch = 5;
-    model.plan(batch);
-    twin.plan(batch);
-    Tensor x({batch, 2, 10, 12}, DType::f32);
+    Tensor x({5, 2, 10, 12}, DType::f32);
     fill_uniform(x, 10, -1.f, 1.f);
-    Tensor labels({batch}, DType::i32);
-    for (std::int64_t i = 0; i < batch; ++i)
-      labels.data<std::int32_t>()[i] = static_cast<std::int32_t>(i % 3);
-    Tensor dlogits({batch, 3}, DType::f32), twin_dlogits({batch, 3}, DType::f32);
-    const auto logits = values_of(model.forward(x, true));
-    const auto reference = values_of(twin.forward(x, true));
-    double scale = 0, worst = 0;
-    for (double v : reference) scale = std::max(scale, std::fabs(v));
-    for (std::size_t i = 0; i < logits.size(); ++i)
-      worst = std::max(worst, std::fabs(logits[i] - reference[i]));
-    EXPECT_LE(worst, 8 * u * scale);
+    const test::TwinStep step = test::step_with_f32_twin(spec, {2, 10, 12}, 3, dtype, x);
+    const double worst = test::max_abs_difference(step.logits, step.twin_logits);
+    EXPECT_LE(worst, 8 * u * test::max_abs(step.twin_logits));
     EXPECT_GT(worst, 0.0);  // the activations really were rounded
-    kernels::softmax_xent_forward_backward(model.forward(x, true), labels, dlogits, 1.f);
-    kernels::softmax_xent_forward_backward(twin.forward(x, true), labels, twin_dlogits, 1.f);
-    model.backward(dlogits);
-    twin.backward(twin_dlogits);
-    const auto params = model.named_working_params();
-    const auto twin_params = twin.named_working_params();
-    for (std::size_t p = 0; p < params.size(); ++p) {
-      const auto g = values_of(params[p].grad);
-      const auto ref = values_of(twin_params[p].grad);
-      double grad_scale = 0;
-      for (double v : ref) grad_scale = std::max(grad_scale, std::fabs(v));
-      ASSERT_GT(grad_scale, 0.0) << params[p].name;
+    for (std::size_t p = 0; p < step.grads.size(); ++p) {
+      const auto& g = step.grads[p];
+      const auto& ref = step.twin_grads[p];
+      const double grad_scale = test::max_abs(ref);
+      ASSERT_GT(grad_scale, 0.0) << step.names[p];
       for (std::size_t i = 0; i < g.size(); ++i)
-        ASSERT_NEAR(g[i], ref[i], 16 * u * grad_scale) << params[p].name << " " << i;
+        ASSERT_NEAR(g[i], ref[i], 16 * u * grad_scale) << step.names[p] << " " << i;
     }
   }
 }

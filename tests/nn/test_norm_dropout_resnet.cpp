@@ -16,6 +16,7 @@
 #include "nn/dropout_layer.hpp"
 #include "nn/nn.hpp"
 #include "tests/nn/gradcheck_util.hpp"
+#include "tests/nn/twin_util.hpp"
 
 namespace mpt::nn {
 namespace {
@@ -24,16 +25,7 @@ void fill_uniform(Tensor& t, std::uint64_t seed, float low, float high) {
   test::fill_uniform(t, seed, low, high, 31);
 }
 
-std::vector<double> values_of(const Tensor& t) {
-  std::vector<double> out(static_cast<std::size_t>(t.numel()));
-  for (std::int64_t i = 0; i < t.numel(); ++i) {
-    const auto bits = [&] { return static_cast<const std::uint16_t*>(t.raw())[i]; };
-    out[static_cast<std::size_t>(i)] = t.dtype() == DType::f32   ? t.data<float>()[i]
-                                       : t.dtype() == DType::f16 ? half_bits_to_float(bits())
-                                                                 : bf16_bits_to_float(bits());
-  }
-  return out;
-}
+using test::values_of;
 
 const NamedParam& find(const std::vector<NamedParam>& all, const std::string& name) {
   for (const auto& p : all)
@@ -348,45 +340,19 @@ TEST_P(ResNetSixteenBit, GradientsCloseToF32OnTheSameRoundedWeights) {
   const DType dtype = GetParam();
   const double u = dtype == DType::f16 ? 0x1p-11 : 0x1p-8;
   const std::string spec = "conv:4:3:pad=1,bn,relu,resblock:4,resblock:6:stride=2,gap,dense:3";
-  const Shape sample{2, 10, 12};
-  Model model = Model::build(spec, sample, 3, dtype);
-  model.init_params(9);
-  Model twin = Model::build(spec, sample, 3);
-  const auto working = values_of(model.params());
-  for (std::int64_t i = 0; i < twin.num_params(); ++i)
-    twin.params().data<float>()[i] = static_cast<float>(working[static_cast<std::size_t>(i)]);
-  const std::int64_t batch = 6;
-  model.plan(batch);
-  twin.plan(batch);
-  Tensor x({batch, 2, 10, 12}, DType::f32), labels({batch}, DType::i32);
+  Tensor x({6, 2, 10, 12}, DType::f32);
   fill_uniform(x, 85, -1.f, 1.f);
-  for (int i = 0; i < batch; ++i) labels.data<std::int32_t>()[i] = i % 3;
-  Tensor dlogits({batch, 3}, DType::f32), twin_dlogits({batch, 3}, DType::f32);
-  const auto logits = values_of(model.forward(x, true));
-  const auto reference = values_of(twin.forward(x, true));
-  double scale = 0, worst = 0;
-  for (double v : reference) scale = std::max(scale, std::fabs(v));
-  for (std::size_t i = 0; i < logits.size(); ++i)
-    worst = std::max(worst, std::fabs(logits[i] - reference[i]));
-  EXPECT_LE(worst, 64 * u * scale);
+  const test::TwinStep step = test::step_with_f32_twin(spec, {2, 10, 12}, 3, dtype, x);
+  const double worst = test::max_abs_difference(step.logits, step.twin_logits);
+  EXPECT_LE(worst, 64 * u * test::max_abs(step.twin_logits));
   EXPECT_GT(worst, 0.0);  // the activations really were rounded
-  kernels::softmax_xent_forward_backward(model.forward(x, true), labels, dlogits, 1.f);
-  kernels::softmax_xent_forward_backward(twin.forward(x, true), labels, twin_dlogits, 1.f);
-  model.backward(dlogits);
-  twin.backward(twin_dlogits);
-  const auto params = model.named_working_params();
-  const auto twin_params = twin.named_working_params();
-  double all_scale = 0;
-  for (double v : values_of(twin.grads())) all_scale = std::max(all_scale, std::fabs(v));
-  for (std::size_t p = 0; p < params.size(); ++p) {
-    const auto g = values_of(params[p].grad);
-    const auto ref = values_of(twin_params[p].grad);
-    double grad_scale = 0;
-    for (double v : ref) grad_scale = std::max(grad_scale, std::fabs(v));
-    const std::string& name = params[p].name;
+  for (std::size_t p = 0; p < step.grads.size(); ++p) {
+    const auto& g = step.grads[p];
+    const auto& ref = step.twin_grads[p];
+    const std::string& name = step.names[p];
     const bool zero_true_gradient =
         name.find("/bias") != std::string::npos && name.find("dense") == std::string::npos;
-    const double bound = 64 * u * (zero_true_gradient ? all_scale : grad_scale);
+    const double bound = 64 * u * (zero_true_gradient ? step.twin_grad_scale : test::max_abs(ref));
     for (std::size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(g[i], ref[i], bound) << name << " " << i;
   }
 }
