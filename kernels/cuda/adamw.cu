@@ -29,25 +29,10 @@ void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& 
                     *decay_mask);
     mask = decay_mask->data<std::uint8_t>();
   }
-  std::uint16_t* out16 = nullptr;
-  float* out32 = nullptr;
-  bool f16 = true;
-  if (rounded) {
-    detail::require(rounded->defined() && rounded->device() == Device::cuda &&
-                        (rounded->dtype() == DType::f16 || rounded->dtype() == DType::bf16) &&
-                        rounded->numel() == n,
-                    op, "rounded must be f16 or bf16 on the cuda device, as long as params",
-                    *rounded);
-    out16 = static_cast<std::uint16_t*>(rounded->raw());
-    f16 = rounded->dtype() == DType::f16;
-  }
-  if (widened) {
-    detail::require(rounded != nullptr, op, "widened needs rounded", *widened);
-    require_cuda(op, "widened must be f32 on the cuda device", *widened, DType::f32);
-    detail::require_pair(widened->numel() == n, op, "widened must hold as many elements as params",
-                         params, *widened);
-    out32 = widened->data<float>();
-  }
+  const RecastTargets recast = recast_targets(op, params, rounded, widened);
+  std::uint16_t* out16 = recast.out16;
+  float* out32 = recast.out32;
+  const bool f16 = recast.f16;
   float* p = params.data<float>();
   const float* g = grads.data<float>();
   float* m = exp_avg.data<float>();

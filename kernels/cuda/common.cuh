@@ -45,6 +45,37 @@ inline bool is_float_dtype(DType dtype) {
   return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
 }
 
+// The optional recast targets of a fused optimizer update, validated against PARAMS: ROUNDED
+// (f16 or bf16, as long as the params) and WIDENED (f32, only with ROUNDED). Null pointers for
+// a target not given; on the device WIDENED is optional, since cuBLASLt reads the 16-bit copy.
+struct RecastTargets {
+  std::uint16_t* out16 = nullptr;
+  float* out32 = nullptr;
+  bool f16 = true;  // ROUNDED is f16 (else bf16)
+};
+inline RecastTargets recast_targets(const char* op, const Tensor& params, Tensor* rounded,
+                                    Tensor* widened) {
+  const std::int64_t n = params.numel();
+  RecastTargets targets;
+  if (rounded) {
+    detail::require(rounded->defined() && rounded->device() == Device::cuda &&
+                        (rounded->dtype() == DType::f16 || rounded->dtype() == DType::bf16) &&
+                        rounded->numel() == n,
+                    op, "rounded must be f16 or bf16 on the cuda device, as long as params",
+                    *rounded);
+    targets.out16 = static_cast<std::uint16_t*>(rounded->raw());
+    targets.f16 = rounded->dtype() == DType::f16;
+  }
+  if (widened) {
+    detail::require(rounded != nullptr, op, "widened needs rounded", *widened);
+    require_cuda(op, "widened must be f32 on the cuda device", *widened, DType::f32);
+    detail::require_pair(widened->numel() == n, op, "widened must hold as many elements as params",
+                         params, *widened);
+    targets.out32 = widened->data<float>();
+  }
+  return targets;
+}
+
 // 16-bit storage <-> f32 on the device: exact widening, round to nearest even (Inf and NaN kept,
 // fp16 overflow to Inf), bit for bit what the host converters do.
 __device__ inline float widen16(std::uint16_t bits, bool is_f16) {
