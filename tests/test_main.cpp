@@ -10,7 +10,13 @@
 
 int main(int argc, char** argv) {
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  // What mptrain requires (src/app/run.cpp): comm::GradientReducer calls MPI from its thread.
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  if (provided < MPI_THREAD_SERIALIZED) {
+    std::fprintf(stderr, "test_main: MPI provides thread level %d, tests need MPI_THREAD_SERIALIZED\n",
+                 provided);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);

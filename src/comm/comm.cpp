@@ -39,22 +39,13 @@ World::World(MPI_Comm comm) {
   MPT_CHECK_MPI(MPI_Comm_rank(node, &local_rank_));
   MPT_CHECK_MPI(MPI_Comm_size(node, &local_size_));
   MPT_CHECK_MPI(MPI_Comm_free(&node));
-  for (MPI_Datatype* type : {&f16_type_, &bf16_type_}) {
-    MPT_CHECK_MPI(MPI_Type_contiguous(2, MPI_BYTE, type));
-    MPT_CHECK_MPI(MPI_Type_commit(type));
-  }
-  MPT_CHECK_MPI(MPI_Op_create(&detail::sum_f16, /*commute=*/1, &f16_sum_));
-  MPT_CHECK_MPI(MPI_Op_create(&detail::sum_bf16, /*commute=*/1, &bf16_sum_));
+  sum_ops_ = std::make_unique<detail::SumOps>();
 }
 
 World::~World() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  for (MPI_Op* op : {&f16_sum_, &bf16_sum_})
-    if (*op != MPI_OP_NULL) MPI_Op_free(op);
-  for (MPI_Datatype* type : {&f16_type_, &bf16_type_})
-    if (*type != MPI_DATATYPE_NULL) MPI_Type_free(type);
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
@@ -89,9 +80,8 @@ void World::run_agreed(const std::function<void()>& step) const {
 
 void World::allreduce_sum(Tensor& data) const {
   if (data.dtype() == DType::f16 || data.dtype() == DType::bf16) {
-    const bool half = data.dtype() == DType::f16;
     MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data.raw(), checked_count(data, "allreduce_sum"),
-                                half ? f16_type_ : bf16_type_, half ? f16_sum_ : bf16_sum_,
+                                sum_ops_->type(data.dtype()), sum_ops_->sum(data.dtype()),
                                 comm_));
     return;
   }

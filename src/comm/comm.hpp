@@ -1,16 +1,22 @@
 // Communication for data-parallel training: the world communicator with its node-local view,
-// agreement on setup failures (so no rank waits alone in a collective), and gradient all-reduce.
+// agreement on setup failures (so no rank waits alone in a collective), and small collectives.
+// Gradients are reduced by comm::GradientReducer (gradient_reducer.hpp).
 #pragma once
 
 #include <mpi.h>
 
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
 #include "core/tensor.hpp"
 
 namespace mpt::comm {
+
+namespace detail {
+class SumOps;
+}
 
 // Thrown on every rank after a failure was agreed and reported once; carries the exit code.
 class ReportedFailure : public std::runtime_error {
@@ -66,21 +72,8 @@ class World {
   int size_ = 1;
   int local_rank_ = 0;
   int local_size_ = 1;
-  // 2-byte element types and their f32-accumulating sum ops, created once per World.
-  MPI_Datatype f16_type_ = MPI_DATATYPE_NULL, bf16_type_ = MPI_DATATYPE_NULL;
-  MPI_Op f16_sum_ = MPI_OP_NULL, bf16_sum_ = MPI_OP_NULL;
-};
-
-// Averages gradients across the world. flat-mpi: one MPI_Allreduce over the whole flat
-// gradient buffer (the hierarchical, bucketed version replaces it in a later issue).
-class GradientReducer {
- public:
-  explicit GradientReducer(const World& world) : world_(world) {}
-  // GRADS holds per-rank gradients already scaled by 1/global_batch, so the sum is the mean.
-  void reduce(Tensor& grads) const { world_.allreduce_sum(grads); }
-
- private:
-  const World& world_;
+  // The 2-byte element type and its f32-accumulating sum ops (half_sum.hpp), created once.
+  std::unique_ptr<detail::SumOps> sum_ops_;
 };
 
 }  // namespace mpt::comm

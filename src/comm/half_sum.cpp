@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "core/error.hpp"
 #include "core/half.hpp"
 
 namespace mpt::comm::detail {
@@ -47,6 +48,40 @@ void sum_bf16(void* in, void* inout, int* len, MPI_Datatype*) {
   // Widening is a shift and rounding a few integer ops: the compiler vectorises this loop.
   for (std::int64_t i = 0; i < n; ++i)
     b[i] = float_to_bf16_bits(bf16_bits_to_float(a[i]) + bf16_bits_to_float(b[i]));
+}
+
+SumOps::SumOps() {
+  MPT_CHECK_MPI(MPI_Type_contiguous(2, MPI_BYTE, &two_bytes_));
+  MPT_CHECK_MPI(MPI_Type_commit(&two_bytes_));
+  MPT_CHECK_MPI(MPI_Op_create(&sum_f16, /*commute=*/1, &f16_sum_));
+  MPT_CHECK_MPI(MPI_Op_create(&sum_bf16, /*commute=*/1, &bf16_sum_));
+}
+
+SumOps::~SumOps() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  for (MPI_Op* op : {&f16_sum_, &bf16_sum_})
+    if (*op != MPI_OP_NULL) MPI_Op_free(op);
+  if (two_bytes_ != MPI_DATATYPE_NULL) MPI_Type_free(&two_bytes_);
+}
+
+MPI_Datatype SumOps::type(DType dtype) const {
+  switch (dtype) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f16:
+    case DType::bf16: return two_bytes_;
+    default: abort_job(std::string("comm: no all-reduce of ") + dtype_name(dtype));
+  }
+}
+
+MPI_Op SumOps::sum(DType dtype) const {
+  switch (dtype) {
+    case DType::f32: return MPI_SUM;
+    case DType::f16: return f16_sum_;
+    case DType::bf16: return bf16_sum_;
+    default: abort_job(std::string("comm: no all-reduce of ") + dtype_name(dtype));
+  }
 }
 
 }  // namespace mpt::comm::detail

@@ -1,0 +1,400 @@
+// The all-reduce algorithms (see allreduce.hpp): flat MPI, and hierarchical with an MPI or a
+// shared-memory intra-node backend. Every element is summed by exactly one rank (its shard's
+// owner, or MPI's reduction, which ends equal on every rank) and then copied, so all ranks end
+// with the same bits.
+#include "comm/allreduce.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "comm/half_sum.hpp"
+#include "comm/wire.hpp"
+#include "core/error.hpp"
+
+namespace mpt::comm {
+namespace {
+
+// Elements per MPI call: MPI counts are int. Every rank cuts a buffer at the same places.
+constexpr std::int64_t kMaxMpiCount = std::int64_t{1} << 30;
+// The shm segment is split into two halves of a multiple of this many bytes.
+constexpr std::int64_t kShmAlign = 64;
+// Each segment starts with this rank's barrier counter, alone in its cache lines.
+constexpr std::int64_t kFlagBytes = 128;
+// Spins on a peer's barrier counter before yielding the core (to that peer, when it waits for
+// one: ranks often outnumber free cores, and a spinning waiter would delay the rank it waits on).
+constexpr int kSpinsBeforeYield = 256;
+
+std::uint8_t* bytes(void* data) { return static_cast<std::uint8_t*>(data); }
+std::size_t offset(std::int64_t elements, std::size_t element_size) {
+  return static_cast<std::size_t>(elements) * element_size;
+}
+
+void grow(std::vector<std::uint8_t>& buffer, std::size_t size) {
+  // Planned by the first (largest) bucket; later calls reuse it.
+  if (buffer.size() < size) buffer.resize(std::max<std::size_t>(size, 64));
+}
+
+bool is_reducible(DType dtype) {
+  return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
+}
+
+}  // namespace
+
+const char* algorithm_name(Algorithm algorithm) {
+  return algorithm == Algorithm::flat_mpi ? "flat-mpi" : "hierarchical";
+}
+
+const char* intra_name(IntraBackend intra) { return intra == IntraBackend::mpi ? "mpi" : "shm"; }
+
+AllreduceConfig resolve_allreduce(const CommOptions& options, const Topology& topology,
+                                  DType grad_dtype) {
+  AllreduceConfig config;
+  const bool shm_possible = topology.shm_capable();
+  if (options.intra == "auto") {
+    config.intra = shm_possible ? IntraBackend::shm : IntraBackend::mpi;
+  } else if (options.intra == "shm") {
+    MPT_REQUIRE(shm_possible, "--comm.intra=shm: the ranks of a node do not all share memory",
+                "use --comm.intra=mpi, or a --comm.ranks-per-node that divides the ranks per host");
+    config.intra = IntraBackend::shm;
+  } else if (options.intra == "mpi") {
+    config.intra = IntraBackend::mpi;
+  } else {
+    throw_user_error("--comm.intra: unknown backend '" + options.intra + "'",
+                     "use auto, shm or mpi");
+  }
+
+  if (options.allreduce == "auto") {
+    config.algorithm =
+        topology.size() > 1 && shm_possible ? Algorithm::hierarchical : Algorithm::flat_mpi;
+  } else if (options.allreduce == "flat-mpi") {
+    config.algorithm = Algorithm::flat_mpi;
+  } else if (options.allreduce == "hierarchical") {
+    config.algorithm = Algorithm::hierarchical;
+  } else {
+    throw_user_error("--comm.allreduce: unknown algorithm '" + options.allreduce + "'",
+                     "use auto, flat-mpi or hierarchical");
+  }
+
+  if (options.wire_dtype == "auto") {
+    config.wire = grad_dtype;
+  } else if (options.wire_dtype == "fp32") {
+    config.wire = DType::f32;
+  } else if (options.wire_dtype == "fp16") {
+    config.wire = DType::f16;
+  } else if (options.wire_dtype == "bf16") {
+    config.wire = DType::bf16;
+  } else {
+    throw_user_error("--comm.wire-dtype: unknown dtype '" + options.wire_dtype + "'",
+                     "use auto (the gradients' dtype), fp32, fp16 or bf16");
+  }
+  if (!is_reducible(config.wire))
+    abort_job(std::string("comm::resolve_allreduce: gradients of dtype ") + dtype_name(grad_dtype) +
+              " cannot be all-reduced");
+  // prescale and postscale stay 1: the trainer folds 1/global_batch into the gradients, so it
+  // wants the plain sum. A caller that averages sets them (1/N), e.g. the benchmark.
+  return config;
+}
+
+struct Allreducer::Impl {
+  Impl(const Topology& topology, const AllreduceConfig& config);
+  ~Impl();
+
+  void flat(void* data, std::int64_t count, DType dtype);
+  void hierarchical_mpi(void* data, std::int64_t count, DType dtype);
+  void hierarchical_shm(void* data, std::int64_t count, DType dtype);
+
+  // The buffer that goes on the wire: DATA itself (scaled in place if prescale != 1) when the
+  // dtypes agree, else the scratch with DATA converted and prescaled.
+  std::uint8_t* to_wire(void* data, std::int64_t count, DType dtype);
+  // The way back: converts WIRE into DATA with postscale, or scales DATA in place, unless
+  // SCALED says the postscale was applied already.
+  void from_wire(const std::uint8_t* wire, void* data, std::int64_t count, DType dtype,
+                 bool scaled);
+  // Phase 2 alone, for a node of one rank: every shard of CHUNK-sized pieces on its rail.
+  void rails_only(std::uint8_t* wire, std::int64_t count, std::int64_t chunk);
+  // Elements [begin, end) of an N-element piece owned by local rank LOCAL (its shards).
+  Range region(std::int64_t n, int local) const;
+  // All-reduces the shards this rank owns of an N-element piece; MINE is its region's start.
+  void rail_allreduce(std::uint8_t* mine, std::int64_t n);
+  void node_barrier();
+
+  const Topology& topology;
+  const AllreduceConfig& config;
+  const std::size_t wire_size;
+  detail::SumOps ops;
+  std::vector<std::uint8_t> wire_scratch, shard_scratch;
+  std::vector<int> counts, displacements;
+  std::vector<detail::Operand> inputs;  // the shm sum's, one per local rank
+  // shm: one segment per local rank: its barrier counter, then two halves that successive
+  // chunks use alternately.
+  MPI_Win window = MPI_WIN_NULL;
+  std::vector<std::uint8_t*> segments;  // each past its counter
+  std::vector<std::uint64_t*> counters;
+  std::uint64_t barriers = 0;  // node barriers passed: the same count on every rank of the node
+  std::int64_t half_bytes = 0;
+  int half = 0;
+};
+
+Allreducer::Impl::Impl(const Topology& topology, const AllreduceConfig& config)
+    : topology(topology), config(config), wire_size(dtype_size(config.wire)) {
+  const int local_size = topology.local_size();
+  counts.resize(static_cast<std::size_t>(local_size));
+  displacements.resize(static_cast<std::size_t>(local_size));
+  inputs.resize(static_cast<std::size_t>(local_size));
+  const std::int64_t segment =
+      std::max(2 * kShmAlign, config.shm_segment_bytes / (2 * kShmAlign) * (2 * kShmAlign));
+  half_bytes = segment / 2;
+  const bool use_shm = config.algorithm == Algorithm::hierarchical &&
+                       config.intra == IntraBackend::shm && topology.size() > 1;
+  if (!use_shm || local_size == 1) return;  // (a node of one rank needs no window)
+  if (!topology.shm_capable())
+    abort_job("comm::Allreducer: the shm backend needs nodes that share memory");
+  // Non-contiguous: each rank's segment may sit in its own pages (first touch by its owner).
+  MPI_Info info = MPI_INFO_NULL;
+  MPT_CHECK_MPI(MPI_Info_create(&info));
+  MPT_CHECK_MPI(MPI_Info_set(info, "alloc_shared_noncontig", "true"));
+  void* base = nullptr;
+  MPT_CHECK_MPI(
+      MPI_Win_allocate_shared(kFlagBytes + segment, 1, info, topology.node(), &base, &window));
+  MPT_CHECK_MPI(MPI_Info_free(&info));
+  segments.resize(static_cast<std::size_t>(local_size));
+  counters.resize(static_cast<std::size_t>(local_size));
+  for (int local = 0; local < local_size; ++local) {
+    MPI_Aint size = 0;
+    int unit = 0;
+    void* pointer = nullptr;
+    MPT_CHECK_MPI(MPI_Win_shared_query(window, local, &size, &unit, &pointer));
+    counters[static_cast<std::size_t>(local)] = static_cast<std::uint64_t*>(pointer);
+    segments[static_cast<std::size_t>(local)] = static_cast<std::uint8_t*>(pointer) + kFlagBytes;
+  }
+  // One passive epoch for the window's lifetime: loads and stores go straight to memory, and
+  // node_barrier() orders them (MPI_Win_sync is a memory barrier for the unified model).
+  MPT_CHECK_MPI(MPI_Win_lock_all(MPI_MODE_NOCHECK, window));
+  std::atomic_ref<std::uint64_t>(*counters[static_cast<std::size_t>(topology.local_rank())])
+      .store(0, std::memory_order_release);
+  MPT_CHECK_MPI(MPI_Win_sync(window));
+  MPT_CHECK_MPI(MPI_Barrier(topology.node()));  // every counter is 0 before any barrier
+  MPT_CHECK_MPI(MPI_Win_sync(window));
+}
+
+Allreducer::Impl::~Impl() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized || window == MPI_WIN_NULL) return;
+  // MPI_Win_free synchronises the node: skip it while an exception unwinds on this rank alone
+  // (the job is ending; the other ranks may never get here).
+  if (std::uncaught_exceptions() > 0) return;
+  MPI_Win_unlock_all(window);
+  MPI_Win_free(&window);
+}
+
+std::uint8_t* Allreducer::Impl::to_wire(void* data, std::int64_t count, DType dtype) {
+  if (dtype == config.wire) {
+    detail::convert_scaled(data, dtype, data, dtype, count, config.prescale);  // 1: nothing
+    return bytes(data);
+  }
+  grow(wire_scratch, offset(count, wire_size));
+  detail::convert_scaled(data, dtype, wire_scratch.data(), config.wire, count, config.prescale);
+  return wire_scratch.data();
+}
+
+void Allreducer::Impl::from_wire(const std::uint8_t* wire, void* data, std::int64_t count,
+                                 DType dtype, bool scaled) {
+  const float postscale = scaled ? 1.f : config.postscale;
+  detail::convert_scaled(wire, config.wire, data, dtype, count, postscale);
+}
+
+void Allreducer::Impl::flat(void* data, std::int64_t count, DType dtype) {
+  std::uint8_t* wire = to_wire(data, count, dtype);
+  for (std::int64_t begin = 0; begin < count; begin += kMaxMpiCount) {
+    const int n = static_cast<int>(std::min(kMaxMpiCount, count - begin));
+    MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, wire + offset(begin, wire_size), n,
+                                ops.type(config.wire), ops.sum(config.wire), topology.world()));
+  }
+  from_wire(wire, data, count, dtype, /*scaled=*/false);
+}
+
+Range Allreducer::Impl::region(std::int64_t n, int local) const {
+  const int parts = topology.num_shards();
+  const Range shards = owned_shards(topology.local_size(), parts, local);
+  return {shard_range(n, parts, static_cast<int>(shards.begin)).begin,
+          shard_range(n, parts, static_cast<int>(shards.end) - 1).end};
+}
+
+void Allreducer::Impl::rail_allreduce(std::uint8_t* mine, std::int64_t n) {
+  if (topology.num_nodes() == 1) return;  // each rail is a single rank
+  // Increasing shard order on every rank: on a smaller node one rank owns several shards and
+  // meets each rail in the order its owners on the other nodes do, so nothing deadlocks.
+  const std::int64_t mine_begin = region(n, topology.local_rank()).begin;
+  for (int shard = topology.first_shard(); shard < topology.end_shard(); ++shard) {
+    const Range range = shard_range(n, topology.num_shards(), shard);
+    if (range.size() == 0) continue;  // the same on every node: the rail skips it together
+    MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, mine + offset(range.begin - mine_begin, wire_size),
+                                static_cast<int>(range.size()), ops.type(config.wire),
+                                ops.sum(config.wire), topology.rail(shard)));
+  }
+}
+
+void Allreducer::Impl::rails_only(std::uint8_t* wire, std::int64_t count, std::int64_t chunk) {
+  for (std::int64_t begin = 0; begin < count; begin += chunk)
+    rail_allreduce(wire + offset(begin, wire_size), std::min(chunk, count - begin));
+}
+
+void Allreducer::Impl::hierarchical_mpi(void* data, std::int64_t count, DType dtype) {
+  std::uint8_t* wire = to_wire(data, count, dtype);
+  const int local_size = topology.local_size();
+  if (local_size == 1) {
+    rails_only(wire, count, kMaxMpiCount);
+    return from_wire(wire, data, count, dtype, /*scaled=*/false);
+  }
+  // The owner scales its shard before the all-gather when the data is the wire buffer: the
+  // postscale then costs 1/L of a pass. Otherwise it rides on the conversion back.
+  const bool scale_shard = wire == bytes(data) && config.postscale != 1.f;
+  const MPI_Datatype type = ops.type(config.wire);
+  const MPI_Op sum = ops.sum(config.wire);
+  for (std::int64_t begin = 0; begin < count; begin += kMaxMpiCount) {
+    const std::int64_t n = std::min(kMaxMpiCount, count - begin);
+    std::uint8_t* piece = wire + offset(begin, wire_size);
+    for (int local = 0; local < local_size; ++local) {
+      const Range range = region(n, local);
+      counts[static_cast<std::size_t>(local)] = static_cast<int>(range.size());
+      displacements[static_cast<std::size_t>(local)] = static_cast<int>(range.begin);
+    }
+    const int mine = counts[static_cast<std::size_t>(topology.local_rank())];
+    grow(shard_scratch, offset(*std::max_element(counts.begin(), counts.end()), wire_size));
+    std::uint8_t* shard = shard_scratch.data();
+    // Equal regions (the count divides evenly and every rank owns as many shards): the _block
+    // and plain forms, which MPI libraries tune best. Otherwise the per-rank counts (the first
+    // ranks hold one element more, and on a smaller node some ranks hold several shards).
+    const bool equal = std::all_of(counts.begin(), counts.end(), [&](int c) { return c == mine; });
+    if (equal) {
+      MPT_CHECK_MPI(MPI_Reduce_scatter_block(piece, shard, mine, type, sum, topology.node()));
+    } else {
+      MPT_CHECK_MPI(MPI_Reduce_scatter(piece, shard, counts.data(), type, sum, topology.node()));
+    }
+    rail_allreduce(shard, n);
+    if (scale_shard)
+      detail::convert_scaled(shard, config.wire, shard, config.wire, mine, config.postscale);
+    if (equal) {
+      MPT_CHECK_MPI(MPI_Allgather(shard, mine, type, piece, mine, type, topology.node()));
+    } else {
+      MPT_CHECK_MPI(MPI_Allgatherv(shard, mine, type, piece, counts.data(), displacements.data(),
+                                   type, topology.node()));
+    }
+  }
+  from_wire(wire, data, count, dtype, scale_shard);
+}
+
+void Allreducer::Impl::node_barrier() {
+  // A barrier through the window: each rank raises its own counter to the barrier's number and
+  // waits until every peer's counter reaches it (a peer may already be one further: >=). Release
+  // and acquire order the slot stores before the counter and the peers' slot loads after it;
+  // MPI_Win_sync is the MPI-3 memory barrier for the same, kept so that the window's use stays
+  // within the unified model. Unlike MPI_Barrier, a waiter yields its core after a short spin,
+  // which matters when ranks outnumber the free cores.
+  MPT_CHECK_MPI(MPI_Win_sync(window));
+  ++barriers;
+  const auto me = static_cast<std::size_t>(topology.local_rank());
+  std::atomic_ref<std::uint64_t>(*counters[me]).store(barriers, std::memory_order_release);
+  for (std::size_t peer = 0; peer < counters.size(); ++peer) {
+    if (peer == me) continue;
+    const std::atomic_ref<std::uint64_t> counter(*counters[peer]);
+    for (int spins = 0; counter.load(std::memory_order_acquire) < barriers; ++spins) {
+      if (spins < kSpinsBeforeYield) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      } else {
+        sched_yield();
+      }
+    }
+  }
+  MPT_CHECK_MPI(MPI_Win_sync(window));
+}
+
+void Allreducer::Impl::hierarchical_shm(void* data, std::int64_t count, DType dtype) {
+  // A chunk fills half a segment on the wire, and as many bytes of data at most: the cache
+  // footprint is what the segment size tunes. Every rank computes the same chunk (the data dtype
+  // is the same everywhere), so the rail calls of all nodes match.
+  const std::int64_t chunk =
+      half_bytes / static_cast<std::int64_t>(std::max(wire_size, dtype_size(dtype)));
+  const int local_size = topology.local_size(), me = topology.local_rank();
+  if (local_size == 1) {
+    // Cut as the shm nodes cut, so the rail calls match theirs; where every node is one rank
+    // there are none, and the rail (the world) takes the buffer whole, as flat-mpi does.
+    std::uint8_t* wire = to_wire(data, count, dtype);
+    rails_only(wire, count, topology.uniform() ? kMaxMpiCount : chunk);
+    return from_wire(wire, data, count, dtype, /*scaled=*/false);
+  }
+  const std::size_t data_size = dtype_size(dtype);
+  for (std::int64_t begin = 0; begin < count; begin += chunk) {
+    const std::int64_t n = std::min(chunk, count - begin);
+    const auto slot = [&](int local) {
+      return segments[static_cast<std::size_t>(local)] + half * half_bytes;
+    };
+    std::uint8_t* chunk_data = bytes(data) + offset(begin, data_size);
+    const Range mine = region(n, me);
+    // 1. Copy in (converted to the wire dtype, prescaled) what the peers sum: everything but this
+    // rank's own region, which it reads straight from its data. Then wait for every peer's copy.
+    detail::convert_scaled(chunk_data, dtype, slot(me), config.wire, mine.begin, config.prescale);
+    detail::convert_scaled(chunk_data + offset(mine.end, data_size), dtype,
+                           slot(me) + offset(mine.end, wire_size), config.wire, n - mine.end,
+                           config.prescale);
+    node_barrier();
+    // 2. Reduce-scatter: sum this rank's region straight out of every peer's slot, in local rank
+    // order, into its own slot, where the peers will copy it from.
+    for (int local = 0; local < local_size; ++local) {
+      inputs[static_cast<std::size_t>(local)] =
+          local == me
+              ? detail::Operand{chunk_data + offset(mine.begin, data_size), dtype, config.prescale}
+              : detail::Operand{slot(local) + offset(mine.begin, wire_size), config.wire};
+    }
+    std::uint8_t* my_region = slot(me) + offset(mine.begin, wire_size);
+    std::uint8_t* my_data = chunk_data + offset(mine.begin, data_size);
+    const detail::Copy back{my_data, dtype, config.postscale};
+    if (topology.num_nodes() == 1) {
+      // The final sum: copied back into this rank's own data in the same pass.
+      detail::sum_inputs(inputs.data(), local_size, my_region, config.wire, mine.size(), &back);
+    } else {
+      detail::sum_inputs(inputs.data(), local_size, my_region, config.wire, mine.size());
+      // 3. Across nodes, along the rails, still in shared memory.
+      rail_allreduce(my_region, n);
+      detail::convert_scaled(my_region, config.wire, my_data, dtype, mine.size(), config.postscale);
+    }
+    node_barrier();
+    // 4. All-gather: copy every other region from its owner's slot, converted back and
+    // postscaled. Starting at the next rank spreads the readers over the slots.
+    for (int step = 1; step < local_size; ++step) {
+      const int owner = (me + step) % local_size;
+      const Range range = region(n, owner);
+      detail::convert_scaled(slot(owner) + offset(range.begin, wire_size), config.wire,
+                             chunk_data + offset(range.begin, data_size), dtype, range.size(),
+                             config.postscale);
+    }
+    // No barrier here: the next chunk fills the other half, and its barrier (which every rank
+    // reaches only after this gather) comes before anyone writes this half again.
+    half ^= 1;
+  }
+}
+
+Allreducer::Allreducer(const Topology& topology, const AllreduceConfig& config)
+    : topology_(topology), config_(config), impl_(std::make_unique<Impl>(topology_, config_)) {}
+
+Allreducer::~Allreducer() = default;
+
+void Allreducer::allreduce(void* data, std::int64_t count, DType dtype) {
+  if (!is_reducible(dtype) || count < 0)
+    abort_job(std::string("comm::Allreducer::allreduce: cannot reduce ") + std::to_string(count) +
+              " elements of " + dtype_name(dtype));
+  if (count == 0) return;
+  if (topology_.size() == 1 || config_.algorithm == Algorithm::flat_mpi)
+    return impl_->flat(data, count, dtype);
+  if (config_.intra == IntraBackend::shm) return impl_->hierarchical_shm(data, count, dtype);
+  impl_->hierarchical_mpi(data, count, dtype);
+}
+
+}  // namespace mpt::comm

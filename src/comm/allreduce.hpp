@@ -1,0 +1,85 @@
+// The all-reduce algorithms: plain synchronous functions of a Topology and a buffer, so that each
+// is tested alone and the overlap engine (GradientReducer's thread) merely calls them.
+//   flat-mpi      MPI_Allreduce on the world.
+//   hierarchical  1. reduce-scatter inside the node (intra backend mpi or shm),
+//                 2. all-reduce of each owned shard across nodes, on the shard's rail (MPI),
+//                 3. all-gather inside the node.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "comm/topology.hpp"
+#include "core/tensor.hpp"
+
+namespace mpt::comm {
+
+// The [comm] options, as parsed (names validated by resolve_allreduce()).
+struct CommOptions {
+  std::string allreduce = "auto";   // auto | flat-mpi | hierarchical
+  std::string intra = "auto";       // auto | shm | mpi: hierarchical's intra-node backend
+  int ranks_per_node = 0;           // 0: shared-memory domains; K: groups of K ranks
+  double bucket_mb = 25;            // gradient bucket size; 0: one bucket after backward
+  double first_bucket_mb = 1;       // the first bucket (the last layers' gradients)
+  std::string wire_dtype = "auto";  // auto (the gradients' dtype) | fp32 | fp16 | bf16
+};
+
+enum class Algorithm { flat_mpi, hierarchical };
+enum class IntraBackend { mpi, shm };
+
+struct AllreduceConfig {
+  Algorithm algorithm = Algorithm::flat_mpi;
+  IntraBackend intra = IntraBackend::shm;
+  // The element type that travels and is summed. When it differs from the data's dtype, the
+  // data is converted on the way in (times prescale) and back on the way out (times postscale).
+  // 16-bit wire sums add in f32 wherever the backend allows (shm: one rounding per shard sum;
+  // MPI ops: one rounding per pairwise step) and round to nearest even.
+  DType wire = DType::f32;
+  float prescale = 1;   // applied before the sum (1/N keeps a 16-bit sum from overflowing)
+  float postscale = 1;  // applied after, fused into the last pass (1/N: the average)
+  // The shm backend's segment per rank: longer buffers go through in chunks of half of it
+  // (the two halves alternate, which saves a barrier per chunk). 1 MiB keeps a chunk's working
+  // set in a core's L2: 2.5x faster than 16 MiB at 1-64 MiB on 2 ranks here (docs/architecture.md).
+  std::int64_t shm_segment_bytes = std::int64_t{1} << 20;
+};
+
+const char* algorithm_name(Algorithm algorithm);  // "flat-mpi", "hierarchical"
+const char* intra_name(IntraBackend intra);       // "mpi", "shm"
+
+// OPTIONS' names resolved for TOPOLOGY and gradients of GRAD_DTYPE. auto: hierarchical with shm
+// when the world has more than one rank and the node shares memory, else flat-mpi. Throws
+// UserError naming the option (--comm.allreduce, --comm.intra, --comm.wire-dtype) when a name is
+// unknown or shm is asked for where ranks do not share memory. prescale and postscale stay 1:
+// the trainer folds 1/global_batch into the gradients and wants the plain sum; a caller that
+// averages (the benchmark) sets them.
+AllreduceConfig resolve_allreduce(const CommOptions& options, const Topology& topology,
+                                  DType grad_dtype);
+
+// One algorithm bound to a topology, with the state it needs (the shm window, wire scratch).
+// Collective to construct, to call and to destroy (the shm window is freed over the node):
+// every rank of the topology's world calls allreduce() with the same count and dtype, in the
+// same order. Not thread-safe: one thread at a time calls it (MPI_THREAD_SERIALIZED suffices).
+class Allreducer {
+ public:
+  Allreducer(const Topology& topology, const AllreduceConfig& config);
+  ~Allreducer();
+  Allreducer(const Allreducer&) = delete;
+  Allreducer& operator=(const Allreducer&) = delete;
+
+  // In place: DATA[0, COUNT) of DTYPE (f32, f16 or bf16) <- postscale * sum over ranks of
+  // (prescale * DATA). Every rank ends with the same bits. COUNT may be 0.
+  void allreduce(void* data, std::int64_t count, DType dtype);
+  void allreduce(Tensor& data) { allreduce(data.raw(), data.numel(), data.dtype()); }
+
+  const AllreduceConfig& config() const { return config_; }
+  const Topology& topology() const { return topology_; }
+
+ private:
+  struct Impl;
+  const Topology& topology_;
+  AllreduceConfig config_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mpt::comm

@@ -1,0 +1,188 @@
+// The overlap engine (see gradient_reducer.hpp): a bucket plan fixed at construction, and one
+// communication thread that reduces launched buckets in order. Nothing is allocated per step.
+#include "comm/gradient_reducer.hpp"
+
+#include <algorithm>
+#include <exception>
+#include <string>
+
+#include "core/error.hpp"
+
+namespace mpt::comm {
+namespace {
+
+double seconds_between(std::chrono::steady_clock::time_point start,
+                       std::chrono::steady_clock::time_point end) {
+  return std::chrono::duration<double>(end - start).count();
+}
+
+}  // namespace
+
+std::vector<Range> plan_buckets(std::int64_t count, std::int64_t element_bytes,
+                                const std::vector<std::int64_t>& param_offsets,
+                                std::int64_t bucket_bytes, std::int64_t first_bucket_bytes) {
+  std::vector<Range> buckets;
+  if (count <= 0) return buckets;
+  for (std::size_t i = 0; i < param_offsets.size(); ++i) {
+    const bool ordered = i == 0 ? param_offsets[0] == 0 : param_offsets[i] >= param_offsets[i - 1];
+    if (!ordered || param_offsets[i] > count)
+      abort_job("comm::plan_buckets: parameter offsets must ascend from 0 within the buffer");
+  }
+  if (bucket_bytes <= 0 || param_offsets.empty()) return {Range{0, count}};
+  // Walk the parameters from the last; [begin, end) is the open bucket, and [offset, begin) what
+  // is left of the parameter being placed.
+  std::int64_t begin = count, end = count;
+  const auto close = [&] {
+    buckets.push_back({begin, end});
+    end = begin;
+  };
+  for (std::size_t i = param_offsets.size(); i-- > 0;) {
+    const std::int64_t offset = param_offsets[i];
+    while (begin > offset) {
+      const std::int64_t limit = buckets.empty() ? first_bucket_bytes : bucket_bytes;
+      const std::int64_t capacity = limit / element_bytes;  // elements
+      if (end - offset <= capacity) {  // the rest of the parameter fits in the open bucket
+        begin = offset;
+        break;
+      }
+      const bool open = begin < end;
+      const bool splits = limit >= kMinSplitBucketBytes;
+      // A parameter that a fresh bucket would hold starts one (parameter boundaries are kept
+      // where they can be), and so does any parameter under a limit too small to split at.
+      if (open && (!splits || begin - offset <= bucket_bytes / element_bytes)) {
+        close();
+        continue;
+      }
+      if (!splits) {  // an empty bucket takes the parameter whatever its size
+        begin = offset;
+        break;
+      }
+      // Larger than a whole bucket: its tail fills the open bucket to the limit, and the loop
+      // cuts the rest into full buckets until what is left fits in one.
+      begin = end - std::max<std::int64_t>(1, capacity);
+      close();
+    }
+  }
+  if (begin < end) close();  // begin is 0: the first parameter's offset
+  return buckets;
+}
+
+GradientReducer::GradientReducer(const Topology& topology, const AllreduceConfig& config,
+                                 Tensor& grads, const std::vector<std::int64_t>& param_offsets,
+                                 std::int64_t bucket_bytes, std::int64_t first_bucket_bytes)
+    : grads_(grads),
+      buckets_(plan_buckets(grads.numel(), static_cast<std::int64_t>(dtype_size(grads.dtype())),
+                            param_offsets, bucket_bytes, first_bucket_bytes)),
+      allreducer_(std::make_unique<Allreducer>(topology, config)) {
+  const DType dtype = grads.dtype();
+  if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16)
+    abort_job(std::string("comm::GradientReducer: gradients must be f32, f16 or bf16, not ") +
+              dtype_name(dtype));
+  thread_ = std::thread([this] { thread_main(); });
+}
+
+GradientReducer::~GradientReducer() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  work_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void GradientReducer::begin() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (finished_ != launched_)
+    abort_job("comm::GradientReducer::begin: the previous step's buckets were not waited for");
+  launched_ = 0;
+  finished_ = 0;
+  comm_seconds_ = 0;
+  exposed_seconds_ = 0;
+  all_launched_ = false;
+}
+
+void GradientReducer::ready_from(std::int64_t offset) {
+  bool launched_more = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    int launched = launched_;
+    while (launched < num_buckets() && buckets_[static_cast<std::size_t>(launched)].begin >= offset)
+      ++launched;
+    launched_more = launched != launched_;
+    launched_ = launched;
+    if (launched_more && launched == num_buckets()) {
+      // Every gradient is final: backward has ended, and what remains is exposed.
+      all_launched_ = true;
+      all_launched_at_ = std::chrono::steady_clock::now();
+    }
+  }
+  if (launched_more) work_.notify_one();
+}
+
+void GradientReducer::wait() {
+  auto start = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (launched_ < num_buckets()) {
+    launched_ = num_buckets();
+    work_.notify_one();
+  }
+  // Exposed time counts from the end of backward (the last ready_from, when that launched the
+  // last bucket), not from this call: on a machine with no core to spare, the woken
+  // communication thread can take the main thread's core in between, and that delay is
+  // communication too.
+  if (all_launched_) start = all_launched_at_;
+  done_.wait(lock, [&] { return finished_ == num_buckets(); });
+  exposed_seconds_ = seconds_between(start, std::chrono::steady_clock::now());
+}
+
+void GradientReducer::run_collective(const std::function<void()>& fn) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  collective_ = &fn;
+  collective_after_ = launched_;
+  collective_done_ = false;
+  work_.notify_one();
+  done_.wait(lock, [&] { return collective_done_; });
+}
+
+void GradientReducer::thread_main() {
+  // An exception here has no caller to reach, and the peers would wait for this rank's next
+  // collective forever: end the whole job with one line instead.
+  try {
+    auto* const base = static_cast<unsigned char*>(grads_.raw());
+    const auto element_bytes = static_cast<std::int64_t>(dtype_size(grads_.dtype()));
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      // Buckets and collectives reach MPI in the order the main thread issued them, so every
+      // rank makes the same sequence of calls.
+      const auto collective_due = [&] {
+        return collective_ != nullptr && finished_ == collective_after_;
+      };
+      work_.wait(lock, [&] { return stopping_ || finished_ < launched_ || collective_due(); });
+      if (collective_due()) {
+        const std::function<void()>& fn = *collective_;
+        lock.unlock();
+        fn();
+        lock.lock();
+        collective_ = nullptr;
+        collective_done_ = true;
+        done_.notify_all();
+      } else if (finished_ < launched_) {
+        const Range range = buckets_[static_cast<std::size_t>(finished_)];
+        lock.unlock();
+        const auto start = std::chrono::steady_clock::now();
+        allreducer_->allreduce(base + range.begin * element_bytes, range.size(), grads_.dtype());
+        const double seconds = seconds_between(start, std::chrono::steady_clock::now());
+        lock.lock();
+        comm_seconds_ += seconds;
+        ++finished_;
+        if (finished_ == num_buckets() || collective_due()) done_.notify_all();
+      } else if (stopping_) {
+        return;  // only once the launched buckets are done: peers may be waiting in them
+      }
+    }
+  } catch (const std::exception& error) {
+    abort_job(std::string("comm::GradientReducer: communication thread failed: ") + error.what());
+  }
+}
+
+}  // namespace mpt::comm

@@ -1,0 +1,104 @@
+// comm::GradientReducer: the overlap engine. The flat gradient buffer is cut into buckets in
+// reverse layer order (on parameter boundaries, or inside a parameter larger than a bucket); each
+// bucket's all-reduce runs on one persistent communication thread as soon as backward has
+// written it, while backward goes on.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "comm/allreduce.hpp"
+#include "comm/topology.hpp"
+#include "core/tensor.hpp"
+
+namespace mpt::comm {
+
+// Bucket limits below this never cut a parameter: pieces that small would cost more in per-call
+// latency than they could hide (and tiny limits are how tests get one bucket per parameter).
+inline constexpr std::int64_t kMinSplitBucketBytes = 64 << 10;
+
+// The buckets of a flat buffer of COUNT elements of ELEMENT_BYTES each, in launch order (the
+// last elements first, as backward writes the last layer first). PARAM_OFFSETS are the
+// ascending element offsets of the parameters (the first 0). The first bucket never exceeds
+// FIRST_BUCKET_BYTES, the others BUCKET_BYTES: a bucket closes before a parameter that does
+// not fit, and a parameter larger than a whole bucket is cut instead (element ranges; backward
+// reports a large weight gradient final in row blocks, see nn::StepContext): its tail fills
+// the open bucket, full buckets follow, and its head opens the next bucket. Under a limit of
+// less than kMinSplitBucketBytes such a parameter is a bucket of its own instead.
+// BUCKET_BYTES = 0, or no PARAM_OFFSETS: one bucket of everything. COUNT = 0: no bucket.
+std::vector<Range> plan_buckets(std::int64_t count, std::int64_t element_bytes,
+                                const std::vector<std::int64_t>& param_offsets,
+                                std::int64_t bucket_bytes, std::int64_t first_bucket_bytes);
+
+// Reduces GRADS (sum over ranks, the AllreduceConfig's pre- and post-scaling applied) bucket by
+// bucket on a communication thread. A step is begin(), then ready_from() as backward finishes
+// layers, then wait(). Between begin() and wait() the calling thread must make no MPI call of
+// its own: collectives it needs (sync BN's statistics) go through run_collective(), so that
+// only one thread is ever inside MPI (MPI_THREAD_SERIALIZED suffices).
+// Every rank must construct it collectively with the same layout and make the same sequence of
+// calls: buckets and run_collective() calls reach MPI in the order they were issued.
+class GradientReducer {
+ public:
+  // Collective over TOPOLOGY's world (it builds the Allreducer). GRADS (not owned, outliving
+  // this object) is the flat gradient buffer, f32, f16 or bf16; PARAM_OFFSETS, BUCKET_BYTES and
+  // FIRST_BUCKET_BYTES as plan_buckets(). Starts the communication thread.
+  GradientReducer(const Topology& topology, const AllreduceConfig& config, Tensor& grads,
+                  const std::vector<std::int64_t>& param_offsets, std::int64_t bucket_bytes,
+                  std::int64_t first_bucket_bytes);
+  // Joins the communication thread after the buckets already launched are done.
+  ~GradientReducer();
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  // Starts a step: no bucket launched yet. Call before backward.
+  void begin();
+  // GRADS[OFFSET, end) are final for this step: launches every bucket inside that range that is
+  // not launched yet. Cheap (a lock and a notify); call it from backward's per-layer hook.
+  void ready_from(std::int64_t offset);
+  // Launches the remaining buckets and blocks until every bucket of the step is reduced.
+  void wait();
+  // Runs FN on the communication thread, after the buckets launched so far, and blocks until it
+  // returned: how the main thread makes a collective call between begin() and wait().
+  void run_collective(const std::function<void()>& fn);
+
+  // Seconds the communication thread spent reducing the last step's buckets.
+  double last_comm_seconds() const { return comm_seconds_; }
+  // Seconds from the end of backward (the ready_from() that launched the last bucket, else the
+  // wait() call) until every bucket was reduced: the communication backward did not hide.
+  double last_exposed_seconds() const { return exposed_seconds_; }
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // Bucket I's element range in GRADS, in launch order.
+  const Range& bucket(int i) const { return buckets_[static_cast<std::size_t>(i)]; }
+  const Allreducer& allreducer() const { return *allreducer_; }
+
+ private:
+  void thread_main();
+
+  Tensor grads_;  // a handle on the caller's buffer (shares its storage)
+  std::vector<Range> buckets_;
+  std::unique_ptr<Allreducer> allreducer_;  // built on the constructing thread, used on thread_
+
+  std::mutex mutex_;
+  std::condition_variable work_;                       // the communication thread waits here
+  std::condition_variable done_;                       // wait() and run_collective() wait here
+  int launched_ = 0;                                   // buckets handed to the thread this step
+  int finished_ = 0;                                   // buckets it has reduced
+  const std::function<void()>* collective_ = nullptr;  // pending run_collective(), not owned
+  int collective_after_ = 0;  // ... to run once this many buckets are finished
+  bool collective_done_ = false;
+  bool stopping_ = false;
+  bool all_launched_ = false;  // ready_from() launched the step's last bucket ...
+  std::chrono::steady_clock::time_point all_launched_at_;  // ... at this time
+
+  double comm_seconds_ = 0;  // written by the thread under mutex_, read after wait()
+  double exposed_seconds_ = 0;
+  std::thread thread_;  // last: started once every member above exists
+};
+
+}  // namespace mpt::comm

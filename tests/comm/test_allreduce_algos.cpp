@@ -1,0 +1,401 @@
+// comm::Topology and every all-reduce algorithm and intra-node backend (flat-mpi,
+// hierarchical-mpi, hierarchical-shm), under mpiexec -n 1..8: nodes of K consecutive ranks for
+// K in {1, 2, 3, N} (uneven ones included), sizes {0, 1, 7, 1000, 1M+3}, f32 data with f32, f16
+// or bf16 on the wire and 16-bit data with its own wire type, plain sums and averages. Results
+// are checked against a float64 sum and for identical bits on every rank.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "comm/allreduce.hpp"
+#include "comm/topology.hpp"
+#include "core/half.hpp"
+#include "tests/test_util.hpp"
+
+namespace mpt::comm {
+namespace {
+
+using test::world_rank;
+using test::world_size;
+
+// ---- values ------------------------------------------------------------------------------------
+
+std::uint64_t mix(std::uint64_t x) {  // splitmix64: cheap enough for 8 ranks x 1M references
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+float widen(DType dtype, const void* data, std::int64_t i) {
+  if (dtype == DType::f32) return static_cast<const float*>(data)[i];
+  const std::uint16_t bits = static_cast<const std::uint16_t*>(data)[i];
+  return dtype == DType::f16 ? half_bits_to_float(bits) : bf16_bits_to_float(bits);
+}
+void store(DType dtype, void* data, std::int64_t i, float value) {
+  if (dtype == DType::f32) {
+    static_cast<float*>(data)[i] = value;
+  } else {
+    static_cast<std::uint16_t*>(data)[i] =
+        dtype == DType::f16 ? float_to_half_bits(value) : float_to_bf16_bits(value);
+  }
+}
+
+// Rank R's value at index I, exactly representable in DTYPE: mixed signs, magnitudes 2^-6..2^7,
+// so that N = 8 summands and a 1/N prescale stay normal and finite in fp16.
+float contribution(DType dtype, int rank, std::int64_t i) {
+  const std::uint64_t h =
+      mix(static_cast<std::uint64_t>(i) * 131 + static_cast<std::uint64_t>(rank));
+  const float mantissa = 1.f + static_cast<float>(h >> 40) * 0x1p-24f;
+  const float value = std::ldexp(h & 1 ? -mantissa : mantissa, static_cast<int>((h >> 1) % 14) - 6);
+  if (dtype == DType::f16) return half_bits_to_float(float_to_half_bits(value));
+  if (dtype == DType::bf16) return bf16_bits_to_float(float_to_bf16_bits(value));
+  return value;
+}
+
+// Unit roundoff (half an ulp of 1) of each element type.
+double unit_roundoff(DType dtype) {
+  return dtype == DType::f32 ? 0x1p-24 : dtype == DType::f16 ? 0x1p-11 : 0x1p-8;
+}
+
+// ---- checks ------------------------------------------------------------------------------------
+
+// True on every rank when every rank holds the same bytes (min and max of a hash agree).
+bool identical_on_every_rank(const void* data, std::size_t size) {
+  std::uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a
+  for (std::size_t i = 0; i < size; ++i)
+    hash = (hash ^ static_cast<const std::uint8_t*>(data)[i]) * 0x100000001b3ull;
+  std::uint64_t low = hash, high = hash;
+  MPI_Allreduce(MPI_IN_PLACE, &low, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &high, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return low == high;
+}
+
+// The ranks per node of the emulated topologies: {1, 2, 3, N} without duplicates.
+std::vector<int> ranks_per_node_cases() {
+  std::vector<int> ks = {1, 2, 3, world_size()};
+  std::sort(ks.begin(), ks.end());
+  ks.erase(std::unique(ks.begin(), ks.end()), ks.end());
+  return ks;
+}
+
+struct Types {
+  DType data, wire;
+};
+const Types kTypes[] = {{DType::f32, DType::f32},
+                        {DType::f32, DType::f16},
+                        {DType::f32, DType::bf16},
+                        {DType::f16, DType::f16},
+                        {DType::bf16, DType::bf16}};
+
+// A sum (1, 1), an average prescaled by 1/N (how 16-bit wires avoid overflow) or an average
+// postscaled by 1/N (fused into the last pass).
+struct Scales {
+  float prescale, postscale;
+};
+
+// Reduces COUNT elements with ALLREDUCER and checks them against the float64 sum.
+void check_allreduce(Allreducer& allreducer, std::int64_t count, DType dtype) {
+  const AllreduceConfig& config = allreducer.config();
+  const int n = world_size();
+  SCOPED_TRACE("count " + std::to_string(count) + ", data " + dtype_name(dtype) + ", wire " +
+               dtype_name(config.wire) + ", prescale " + std::to_string(config.prescale) +
+               ", postscale " + std::to_string(config.postscale));
+  Tensor data({count}, dtype);
+  for (std::int64_t i = 0; i < count; ++i)
+    store(dtype, data.raw(), i, contribution(dtype, world_rank(), i));
+  allreducer.allreduce(data);
+  // Error bound. Each rank's value enters the wire with at most one rounding (u of the wire
+  // dtype: the prescale product and the conversion round once together). An element's sum is
+  // a tree of N - 1 additions, each rounded at most to the wire (the shm backend adds in f32
+  // and rounds once per node, MPI's ops once per step), each error at most u times the sum of
+  // magnitudes. The postscale and the conversion back add at most one more rounding of
+  // max(u_wire, u_data) = u. So |error| <= (N + 1) u sum_r |pre post x_r| to first order; N + 2
+  // covers the second-order terms. With N = 1 and f32 throughout the result is exact.
+  const double u = std::max(unit_roundoff(config.wire), unit_roundoff(dtype));
+  const double scale = static_cast<double>(config.prescale) * config.postscale;
+  for (std::int64_t i = 0; i < count; ++i) {
+    double exact = 0, magnitudes = 0;
+    for (int r = 0; r < n; ++r) {
+      const double v = contribution(dtype, r, i);
+      exact += v;
+      magnitudes += std::fabs(v);
+    }
+    const double got = widen(dtype, data.raw(), i);
+    ASSERT_LE(std::fabs(got - exact * scale), (n + 2) * u * magnitudes * std::fabs(scale))
+        << "index " << i << " of " << count << ": got " << got << ", want " << exact * scale;
+  }
+  EXPECT_TRUE(identical_on_every_rank(data.raw(), data.size_bytes()));
+}
+
+constexpr std::int64_t kLarge = (std::int64_t{1} << 20) + 3;
+
+// Runs every dtype pair through ALGORITHM / INTRA on nodes of K ranks for every K. Each case
+// reduces {0, 1, 7, 1000}; one dtype pair per K adds 1M+3 (with 256 KiB shm segments: several
+// segments). Scalings rotate over the cases, and so do the shm segment sizes (256 bytes: every
+// chunk of 1000 elements a separate segment; the 1 MiB default: one segment).
+void check_algorithm(Algorithm algorithm, IntraBackend intra, const std::vector<int>& ks) {
+  const float inverse = 1.f / static_cast<float>(world_size());
+  const Scales scalings[] = {{1.f, 1.f}, {inverse, 1.f}, {1.f, inverse}};
+  int case_index = 0;
+  for (std::size_t k = 0; k < ks.size(); ++k) {
+    SCOPED_TRACE("ranks per node " + std::to_string(ks[k]));
+    const Topology topology(MPI_COMM_WORLD, ks[k]);
+    for (std::size_t t = 0; t < std::size(kTypes); ++t, ++case_index) {
+      const bool large = t == k % std::size(kTypes);
+      AllreduceConfig config;
+      config.algorithm = algorithm;
+      config.intra = intra;
+      config.wire = kTypes[t].wire;
+      config.prescale = scalings[case_index % 3].prescale;
+      config.postscale = scalings[case_index % 3].postscale;
+      if (large) {
+        config.shm_segment_bytes = 256 << 10;
+      } else if (case_index % 2 == 1) {
+        config.shm_segment_bytes = 256;
+      }
+      Allreducer allreducer(topology, config);
+      for (const std::int64_t count : {0L, 1L, 7L, 1000L})
+        check_allreduce(allreducer, count, kTypes[t].data);
+      if (large) check_allreduce(allreducer, kLarge, kTypes[t].data);
+      if (testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(AllreduceAlgorithms, FlatMpiMatchesTheFloat64Sum) {
+  // flat-mpi ignores the nodes: one topology is enough.
+  check_algorithm(Algorithm::flat_mpi, IntraBackend::mpi, {1});
+}
+
+TEST(AllreduceAlgorithms, HierarchicalMpiMatchesTheFloat64Sum) {
+  check_algorithm(Algorithm::hierarchical, IntraBackend::mpi, ranks_per_node_cases());
+}
+
+TEST(AllreduceAlgorithms, HierarchicalShmMatchesTheFloat64Sum) {
+  check_algorithm(Algorithm::hierarchical, IntraBackend::shm, ranks_per_node_cases());
+}
+
+TEST(AllreduceAlgorithms, InfOnOneRankReachesEveryRank) {
+  // AMP's overflow test relies on it, whatever the algorithm and wire.
+  const Topology topology(MPI_COMM_WORLD, 2);
+  for (const auto& [algorithm, intra] : {std::pair{Algorithm::flat_mpi, IntraBackend::mpi},
+                                         {Algorithm::hierarchical, IntraBackend::mpi},
+                                         {Algorithm::hierarchical, IntraBackend::shm}}) {
+    for (const DType wire : {DType::f32, DType::f16, DType::bf16}) {
+      SCOPED_TRACE(std::string(algorithm_name(algorithm)) + "/" + intra_name(intra) + " wire " +
+                   dtype_name(wire));
+      AllreduceConfig config;
+      config.algorithm = algorithm;
+      config.intra = intra;
+      config.wire = wire;
+      Allreducer allreducer(topology, config);
+      Tensor data({50}, DType::f32);
+      std::fill_n(data.data<float>(), 50, 1.f);
+      if (world_rank() == world_size() - 1) data.data<float>()[17] = INFINITY;
+      allreducer.allreduce(data);
+      EXPECT_TRUE(std::isinf(data.data<float>()[17]));
+      EXPECT_EQ(data.data<float>()[16], static_cast<float>(world_size()));
+    }
+  }
+}
+
+TEST(AllreduceAlgorithms, RepeatedCallsReuseTheShmSlotsSafely) {
+  // Successive calls of different sizes alternate the two halves of each segment without a
+  // trailing barrier; a race would show as a wrong or rank-dependent result.
+  const Topology topology(MPI_COMM_WORLD, 0);
+  AllreduceConfig config;
+  config.algorithm = Algorithm::hierarchical;
+  config.intra = IntraBackend::shm;
+  config.shm_segment_bytes = 512;
+  Allreducer allreducer(topology, config);
+  for (int round = 0; round < 20; ++round) {
+    const std::int64_t count = 1 + (round * 37) % 300;
+    Tensor data({count}, DType::f32);
+    for (std::int64_t i = 0; i < count; ++i)
+      data.data<float>()[i] = static_cast<float>((world_rank() + 1) * (i + round));
+    allreducer.allreduce(data);
+    const float ranks = static_cast<float>(world_size());
+    for (std::int64_t i = 0; i < count; ++i)
+      ASSERT_EQ(data.data<float>()[i], ranks * (ranks + 1) / 2 * static_cast<float>(i + round))
+          << "round " << round << " index " << i;
+  }
+}
+
+// ---- topology ----------------------------------------------------------------------------------
+
+TEST(ShardRange, PartitionsAnyCountIntoNearlyEqualBlocks) {
+  for (const std::int64_t count : {0L, 1L, 5L, 10L, 1000003L})
+    for (const int parts : {1, 2, 3, 7, 8}) {
+      std::int64_t next = 0;
+      for (int j = 0; j < parts; ++j) {
+        const Range range = shard_range(count, parts, j);
+        EXPECT_EQ(range.begin, next) << count << "/" << parts << " shard " << j;
+        EXPECT_EQ(range.size(), count / parts + (j < count % parts ? 1 : 0));
+        next = range.end;
+      }
+      EXPECT_EQ(next, count);
+    }
+}
+
+TEST(OwnedShards, EveryShardHasExactlyOneOwnerAndEveryRankOne) {
+  for (int parts = 1; parts <= 8; ++parts)
+    for (int local_size = 1; local_size <= parts; ++local_size) {
+      int next = 0;
+      for (int local = 0; local < local_size; ++local) {
+        const Range owned = owned_shards(local_size, parts, local);
+        EXPECT_EQ(owned.begin, next) << "L " << local_size << " P " << parts << " l " << local;
+        EXPECT_GE(owned.size(), 1);
+        for (auto j = owned.begin; j < owned.end; ++j) EXPECT_EQ(j * local_size / parts, local);
+        next = static_cast<int>(owned.end);
+      }
+      EXPECT_EQ(next, parts);
+    }
+}
+
+TEST(Topology, NodesOfKConsecutiveRanksWithShardsAndRails) {
+  const int n = world_size(), rank = world_rank();
+  std::vector<int> ks = ranks_per_node_cases();
+  ks.push_back(n + 1);  // larger than the world: one node
+  for (const int k : ks) {
+    SCOPED_TRACE("ranks per node " + std::to_string(k));
+    const Topology topology(MPI_COMM_WORLD, k);
+    const int nodes = (n + k - 1) / k, node = rank / k;
+    const auto node_size = [&](int i) { return std::min(k, n - i * k); };
+    const int parts = std::min(k, n);
+    EXPECT_EQ(topology.rank(), rank);
+    EXPECT_EQ(topology.size(), n);
+    EXPECT_EQ(topology.node_index(), node);
+    EXPECT_EQ(topology.num_nodes(), nodes);
+    EXPECT_EQ(topology.local_rank(), rank % k);
+    EXPECT_EQ(topology.local_size(), node_size(node));
+    EXPECT_EQ(topology.num_shards(), parts);
+    EXPECT_EQ(topology.uniform(), n % k == 0 || k >= n);
+    EXPECT_EQ(topology.device_rank(), rank);  // every rank of the test runs on one host
+    EXPECT_TRUE(topology.shm_capable());
+    int node_comm_size = 0;
+    MPI_Comm_size(topology.node(), &node_comm_size);
+    EXPECT_EQ(node_comm_size, topology.local_size());
+
+    // Every shard has exactly one owner on every node.
+    const int mine[3] = {topology.node_index(), topology.first_shard(), topology.end_shard()};
+    std::vector<int> all(3 * static_cast<std::size_t>(n));
+    MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, MPI_COMM_WORLD);
+    std::vector<int> owners(static_cast<std::size_t>(nodes * parts), 0);
+    for (int r = 0; r < n; ++r)
+      for (int j = all[3 * r + 1]; j < all[3 * r + 2]; ++j) ++owners[all[3 * r] * parts + j];
+    for (int i = 0; i < nodes * parts; ++i)
+      EXPECT_EQ(owners[i], 1) << "node " << i / parts << " shard " << i % parts;
+
+    // Rail j: the owner of j on every node, in node order.
+    for (int j = topology.first_shard(); j < topology.end_shard(); ++j) {
+      int rail_rank = -1, rail_size = 0;
+      MPI_Comm_rank(topology.rail(j), &rail_rank);
+      MPI_Comm_size(topology.rail(j), &rail_size);
+      EXPECT_EQ(rail_size, nodes);
+      EXPECT_EQ(rail_rank, node);
+      std::vector<int> members(static_cast<std::size_t>(rail_size));
+      MPI_Allgather(&rank, 1, MPI_INT, members.data(), 1, MPI_INT, topology.rail(j));
+      for (int i = 0; i < rail_size; ++i)
+        EXPECT_EQ(members[i], i * k + j * node_size(i) / parts) << "shard " << j << " node " << i;
+    }
+  }
+}
+
+TEST(Topology, FiveRanksWithKTwoGiveNodesOfTwoTwoAndOne) {
+  if (world_size() != 5) GTEST_SKIP() << "needs mpiexec -n 5";
+  const Topology topology(MPI_COMM_WORLD, 2);
+  const int expected_sizes[] = {2, 2, 2, 2, 1};
+  EXPECT_EQ(topology.local_size(), expected_sizes[world_rank()]);
+  EXPECT_EQ(topology.num_nodes(), 3);
+  EXPECT_EQ(topology.num_shards(), 2);
+  EXPECT_FALSE(topology.uniform());
+  if (world_rank() == 4) {  // alone on its node: owns both shards, on both rails
+    EXPECT_EQ(topology.first_shard(), 0);
+    EXPECT_EQ(topology.end_shard(), 2);
+  } else {
+    EXPECT_EQ(topology.first_shard(), world_rank() % 2);
+    EXPECT_EQ(topology.end_shard(), world_rank() % 2 + 1);
+  }
+}
+
+TEST(Topology, SharedMemoryDomainsByDefault) {
+  const Topology topology(MPI_COMM_WORLD);
+  // mpiexec puts every rank of the test on this host.
+  EXPECT_EQ(topology.local_size(), world_size());
+  EXPECT_EQ(topology.local_rank(), world_rank());
+  EXPECT_EQ(topology.device_rank(), topology.local_rank());
+  EXPECT_EQ(topology.num_nodes(), 1);
+  EXPECT_TRUE(topology.shm_capable());
+  EXPECT_TRUE(topology.uniform());
+}
+
+TEST(Topology, NegativeRanksPerNodeIsAUserError) {
+  const std::string text = test::user_error_text([] { Topology topology(MPI_COMM_WORLD, -1); });
+  EXPECT_NE(text.find("--comm.ranks-per-node must be >= 0"), std::string::npos) << text;
+}
+
+// ---- option resolution
+// ---------------------------------------------------------------------------
+
+TEST(ResolveAllreduce, AutoPicksHierarchicalShmOnSeveralRanksAndTheGradientDtype) {
+  const Topology topology(MPI_COMM_WORLD, 2);
+  const AllreduceConfig config = resolve_allreduce(CommOptions{}, topology, DType::bf16);
+  EXPECT_EQ(config.algorithm, world_size() > 1 ? Algorithm::hierarchical : Algorithm::flat_mpi);
+  EXPECT_EQ(config.intra, IntraBackend::shm);
+  EXPECT_EQ(config.wire, DType::bf16);
+  // The trainer folds 1/global_batch into the gradients: the plain sum is wanted.
+  EXPECT_EQ(config.prescale, 1.f);
+  EXPECT_EQ(config.postscale, 1.f);
+}
+
+TEST(ResolveAllreduce, ExplicitNamesAreHonoured) {
+  const Topology topology(MPI_COMM_WORLD, 0);
+  CommOptions options;
+  options.allreduce = "hierarchical";
+  options.intra = "mpi";
+  options.wire_dtype = "fp16";
+  AllreduceConfig config = resolve_allreduce(options, topology, DType::f32);
+  EXPECT_EQ(config.algorithm, Algorithm::hierarchical);
+  EXPECT_EQ(config.intra, IntraBackend::mpi);
+  EXPECT_EQ(config.wire, DType::f16);
+  options.allreduce = "flat-mpi";
+  options.wire_dtype = "fp32";
+  config = resolve_allreduce(options, topology, DType::f16);
+  EXPECT_EQ(config.algorithm, Algorithm::flat_mpi);
+  EXPECT_EQ(config.wire, DType::f32);
+  EXPECT_STREQ(algorithm_name(Algorithm::flat_mpi), "flat-mpi");
+  EXPECT_STREQ(algorithm_name(Algorithm::hierarchical), "hierarchical");
+  EXPECT_STREQ(intra_name(IntraBackend::shm), "shm");
+  EXPECT_STREQ(intra_name(IntraBackend::mpi), "mpi");
+}
+
+TEST(ResolveAllreduce, UnknownNamesAreUserErrorsNamingTheOption) {
+  const Topology topology(MPI_COMM_WORLD, 0);
+  const auto error_for = [&](CommOptions options) {
+    return test::user_error_text([&] { resolve_allreduce(options, topology, DType::f32); });
+  };
+  CommOptions options;
+  options.allreduce = "ring";
+  EXPECT_EQ(
+      error_for(options),
+      "--comm.allreduce: unknown algorithm 'ring' (hint: use auto, flat-mpi or hierarchical)");
+  options = CommOptions{};
+  options.intra = "nccl";
+  EXPECT_EQ(error_for(options),
+            "--comm.intra: unknown backend 'nccl' (hint: use auto, shm or mpi)");
+  options = CommOptions{};
+  options.wire_dtype = "fp8";
+  EXPECT_EQ(error_for(options),
+            "--comm.wire-dtype: unknown dtype 'fp8' (hint: use auto (the gradients' dtype), fp32, "
+            "fp16 or bf16)");
+}
+
+}  // namespace
+}  // namespace mpt::comm

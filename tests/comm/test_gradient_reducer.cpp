@@ -1,0 +1,314 @@
+// comm::GradientReducer: the bucket plan (parameter boundaries, reverse order, sizes) and the
+// overlap engine (bucketed, threaded reduction = one flat all-reduce, for any bucket size and
+// with collectives interleaved), under mpiexec -n 1, 2, 3 and 4.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "comm/gradient_reducer.hpp"
+#include "comm/topology.hpp"
+#include "core/half.hpp"
+
+namespace mpt::comm {
+namespace {
+
+// Parameters of 10, 3, 100, 1, 7 and 50 elements, densely packed: offsets 0, 10, 13, 113, 114, 121.
+const std::vector<std::int64_t> kOffsets{0, 10, 13, 113, 114, 121};
+constexpr std::int64_t kCount = 171;
+
+// WHOLE_PARAMETERS: every bucket must also start on a parameter boundary (no limit reaches
+// kMinSplitBucketBytes, so no parameter may be cut).
+void expect_tiles_in_reverse(const std::vector<Range>& buckets, std::int64_t count,
+                             const std::vector<std::int64_t>& offsets,
+                             bool whole_parameters = true) {
+  ASSERT_FALSE(buckets.empty());
+  EXPECT_EQ(buckets.front().end, count);
+  EXPECT_EQ(buckets.back().begin, 0);
+  for (std::size_t i = 0; i < buckets.size(); ++i) {
+    EXPECT_LT(buckets[i].begin, buckets[i].end) << "bucket " << i << " is empty";
+    if (i > 0) {
+      EXPECT_EQ(buckets[i].end, buckets[i - 1].begin) << "buckets must tile, last first";
+    }
+    if (!whole_parameters) continue;
+    bool on_boundary = false;
+    for (auto offset : offsets) on_boundary = on_boundary || offset == buckets[i].begin;
+    EXPECT_TRUE(on_boundary) << "bucket " << i << " starts inside a parameter at "
+                             << buckets[i].begin;
+  }
+}
+
+TEST(PlanBuckets, TinyBucketsHoldOneParameterEach) {
+  const auto buckets = plan_buckets(kCount, 4, kOffsets, 1, 1);
+  ASSERT_EQ(buckets.size(), kOffsets.size());
+  expect_tiles_in_reverse(buckets, kCount, kOffsets);
+  for (std::size_t i = 0; i < buckets.size(); ++i)
+    EXPECT_EQ(buckets[i].begin, kOffsets[kOffsets.size() - 1 - i]);
+}
+
+TEST(PlanBuckets, ZeroOrHugeIsOneBucket) {
+  for (std::int64_t bytes : {std::int64_t{0}, std::int64_t{1} << 40}) {
+    const auto buckets = plan_buckets(kCount, 4, kOffsets, bytes, bytes);
+    ASSERT_EQ(buckets.size(), 1u) << bytes;
+    EXPECT_EQ(buckets[0].begin, 0);
+    EXPECT_EQ(buckets[0].end, kCount);
+  }
+  EXPECT_TRUE(plan_buckets(0, 4, {}, 100, 10).empty());
+  EXPECT_EQ(plan_buckets(5, 2, {}, 1, 1).size(), 1u);  // no parameter list: one bucket
+}
+
+TEST(PlanBuckets, LimitsHoldExceptForOversizedParameters) {
+  // First bucket <= 60 bytes (15 f32), then <= 200 bytes (50 f32); the 100-element parameter
+  // is larger than a bucket and is a bucket of its own.
+  const auto buckets = plan_buckets(kCount, 4, kOffsets, 200, 60);
+  expect_tiles_in_reverse(buckets, kCount, kOffsets);
+  // Last parameter (50 elements) alone exceeds 60 bytes: its own first bucket. Then 7 + 1
+  // (8 elements, 32 bytes; adding 100 would exceed 200), then 100 alone, then 3 + 10.
+  ASSERT_EQ(buckets.size(), 4u);
+  EXPECT_EQ(buckets[0].begin, 121);
+  EXPECT_EQ(buckets[1].begin, 113);
+  EXPECT_EQ(buckets[2].begin, 13);
+  EXPECT_EQ(buckets[3].begin, 0);
+  for (std::size_t i = 0; i < buckets.size(); ++i) {
+    const std::int64_t limit = i == 0 ? 60 : 200;
+    std::int64_t params_inside = 0;
+    for (auto offset : kOffsets)
+      params_inside += offset >= buckets[i].begin && offset < buckets[i].end;
+    if (params_inside > 1) {
+      EXPECT_LE(buckets[i].size() * 4, limit) << "bucket " << i;
+    }
+  }
+  // 16-bit gradients: the same byte limits hold twice the elements, so fewer buckets.
+  const auto f32 = plan_buckets(kCount, 4, kOffsets, 240, 120);
+  const auto half = plan_buckets(kCount, 2, kOffsets, 240, 120);
+  expect_tiles_in_reverse(half, kCount, kOffsets);
+  EXPECT_EQ(f32.size(), 4u);
+  EXPECT_EQ(half.size(), 2u);
+}
+
+// Parameters of 1000, 200000, 50, 300000 and 100 elements: two larger than a bucket.
+const std::vector<std::int64_t> kLargeOffsets{0, 1000, 201000, 201050, 501050};
+constexpr std::int64_t kLargeCount = 501150;
+
+TEST(PlanBuckets, ParametersLargerThanABucketAreCut) {
+  // f32, first bucket 64 KiB (16384 elements), then 256 KiB (65536 elements).
+  const std::int64_t first = 64 << 10, size = 256 << 10;
+  const auto buckets = plan_buckets(kLargeCount, 4, kLargeOffsets, size, first);
+  expect_tiles_in_reverse(buckets, kLargeCount, kLargeOffsets, /*whole_parameters=*/false);
+  for (std::size_t i = 0; i < buckets.size(); ++i)
+    EXPECT_LE(buckets[i].size() * 4, i == 0 ? first : size) << "bucket " << i;
+  // The last parameter (100) and the tail of the 300000 fill the first bucket; four full
+  // buckets of the 300000 follow, and its head (21572) opens the next, which the 50 and the
+  // tail of the 200000 fill. Two more full buckets of the 200000, then its head (25014) and
+  // the first parameter (1000) share the last bucket.
+  const std::vector<std::int64_t> begins{
+      kLargeCount - 16384, 419230, 353694, 288158, 222622, 157086, 91550, 26014, 0};
+  ASSERT_EQ(buckets.size(), begins.size());
+  for (std::size_t i = 0; i < begins.size(); ++i) {
+    EXPECT_EQ(buckets[i].begin, begins[i]) << "bucket " << i;
+    // Cutting leaves no bucket short but the one holding the first parameter.
+    if (i + 1 < begins.size()) {
+      EXPECT_EQ(buckets[i].size(), i == 0 ? 16384 : 65536) << "bucket " << i;
+    }
+  }
+  // A parameter that a fresh bucket holds is not cut: it closes the open bucket instead. With
+  // 1.25 MiB buckets (327680 elements) each large parameter fits in one, but not both together.
+  const auto roomy = plan_buckets(kLargeCount, 4, kLargeOffsets, 5 << 18, 64 << 10);
+  expect_tiles_in_reverse(roomy, kLargeCount, kLargeOffsets);
+  ASSERT_EQ(roomy.size(), 3u);
+  EXPECT_EQ(roomy[0].begin, 501050);  // the 100 alone: the 300000 does not fit in 64 KiB
+  EXPECT_EQ(roomy[1].begin, 201000);  // the 300000 and the 50
+  EXPECT_EQ(roomy[2].begin, 0);       // the 200000 and the 1000
+  // Under kMinSplitBucketBytes nothing is cut, as the small-layout tests above check.
+  const std::int64_t tiny = kMinSplitBucketBytes - 4;
+  expect_tiles_in_reverse(plan_buckets(kLargeCount, 4, kLargeOffsets, tiny, tiny), kLargeCount,
+                          kLargeOffsets);
+}
+
+TEST(PlanBuckets, MlpWeightsAreCutIntoMebibyteBuckets) {
+  // The 784-1024-1024-10 MLP, f32, --comm.bucket-mb=1 (first 1 MiB as well): no bucket may
+  // exceed 1 MiB, so both large weight gradients (3.1 and 4 MiB) are spread over buckets.
+  const std::vector<std::int64_t> offsets{0, 802816, 803840, 1852416, 1853440, 1863680};
+  const std::int64_t count = 1863690, mib = 1 << 20;
+  const auto buckets = plan_buckets(count, 4, offsets, mib, mib);
+  expect_tiles_in_reverse(buckets, count, offsets, /*whole_parameters=*/false);
+  int in_dense0_weight = 0, in_dense2_weight = 0;
+  for (const Range& bucket : buckets) {
+    EXPECT_LE(bucket.size() * 4, mib);
+    in_dense0_weight += bucket.begin < offsets[1];
+    in_dense2_weight += bucket.begin >= offsets[2] && bucket.begin < offsets[3];
+  }
+  EXPECT_GE(in_dense0_weight, 3);  // 3.06 MiB
+  EXPECT_GE(in_dense2_weight, 4);  // 4 MiB
+  // 16-bit gradients: the same bytes hold twice the elements, so about half the buckets.
+  EXPECT_LT(plan_buckets(count, 2, offsets, mib, mib).size(), buckets.size());
+}
+
+// Rank r's gradient element i: small integers, so every summation order gives the same sum
+// and the bucketed result must equal the flat one bit for bit.
+float local_value(int rank, std::int64_t i) {
+  return static_cast<float>((i * 7 + rank * 13) % 23) - 11.0f;
+}
+
+struct Case {
+  Algorithm algorithm;
+  int ranks_per_node;
+};
+
+class ReducerCases : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ReducerCases, BucketedEqualsOneFlatAllreduceForAnyBucketSize) {
+  const Case c = GetParam();
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  Topology topology(MPI_COMM_WORLD, c.ranks_per_node);
+  AllreduceConfig config;
+  config.algorithm = c.algorithm;
+  config.intra = topology.shm_capable() ? IntraBackend::shm : IntraBackend::mpi;
+
+  // The reference: one flat MPI_Allreduce of the whole buffer.
+  std::vector<float> expected(kCount);
+  for (std::int64_t i = 0; i < kCount; ++i) expected[i] = local_value(rank, i);
+  MPI_Allreduce(MPI_IN_PLACE, expected.data(), static_cast<int>(kCount), MPI_FLOAT, MPI_SUM,
+                MPI_COMM_WORLD);
+
+  // bytes: every parameter its own bucket, none (one after backward), small, and huge; f32
+  // gradients and f16 ones (small integers are exact in f16 too).
+  const std::vector<std::pair<DType, std::int64_t>> cases = {{DType::f32, 1},
+                                                             {DType::f32, 0},
+                                                             {DType::f32, 64},
+                                                             {DType::f32, 400},
+                                                             {DType::f32, std::int64_t{1} << 30},
+                                                             {DType::f16, 1},
+                                                             {DType::f16, 0},
+                                                             {DType::f16, 64}};
+  for (const auto& [dtype, bucket_bytes] : cases) {
+    config.wire = dtype;
+    Tensor grads({kCount}, dtype);
+    const auto set = [&](std::int64_t i, float value) {
+      if (dtype == DType::f32)
+        grads.data<float>()[i] = value;
+      else
+        static_cast<std::uint16_t*>(grads.raw())[i] = float_to_half_bits(value);
+    };
+    const auto get = [&](std::int64_t i) {
+      return dtype == DType::f32 ? grads.data<float>()[i]
+                                 : half_bits_to_float(static_cast<std::uint16_t*>(grads.raw())[i]);
+    };
+    GradientReducer reducer(topology, config, grads, kOffsets, bucket_bytes, bucket_bytes / 2);
+    const auto expected_buckets = plan_buckets(kCount, static_cast<std::int64_t>(dtype_size(dtype)),
+                                               kOffsets, bucket_bytes, bucket_bytes / 2);
+    ASSERT_EQ(reducer.num_buckets(), static_cast<int>(expected_buckets.size()));
+    for (int b = 0; b < reducer.num_buckets(); ++b) {
+      EXPECT_EQ(reducer.bucket(b).begin, expected_buckets[static_cast<std::size_t>(b)].begin);
+      EXPECT_EQ(reducer.bucket(b).end, expected_buckets[static_cast<std::size_t>(b)].end);
+    }
+    for (int step = 0; step < 3; ++step) {
+      // Garbage until "backward" writes a parameter: a bucket launched too early reads NaN.
+      for (std::int64_t i = 0; i < kCount; ++i) set(i, std::nanf(""));
+      reducer.begin();
+      std::int64_t end = kCount;
+      for (std::size_t p = kOffsets.size(); p-- > 0;) {
+        for (std::int64_t i = kOffsets[p]; i < end; ++i) set(i, local_value(rank, i) * (step + 1));
+        end = kOffsets[p];
+        reducer.ready_from(kOffsets[p]);
+        if (p == 2) {
+          // A collective from the main thread between buckets (how sync BN reduces).
+          int value = rank + 1, sum = 0;
+          reducer.run_collective(
+              [&] { MPI_Allreduce(&value, &sum, 1, MPI_INT, MPI_SUM, topology.world()); });
+          EXPECT_EQ(sum, size * (size + 1) / 2);
+        }
+      }
+      reducer.wait();
+      std::int64_t wrong = 0;
+      for (std::int64_t i = 0; i < kCount; ++i) wrong += get(i) != expected[i] * (step + 1);
+      EXPECT_EQ(wrong, 0) << dtype_name(dtype) << ", bucket bytes " << bucket_bytes << ", step "
+                          << step;
+      EXPECT_GE(reducer.last_comm_seconds(), 0);
+      EXPECT_GE(reducer.last_exposed_seconds(), 0);
+    }
+  }
+}
+
+TEST_P(ReducerCases, CutParametersLaunchOnlyOnceFinal) {
+  // A backward that finishes large parameters in blocks (as nn::Dense does with a hook) and
+  // reports each block: buckets cut inside a parameter must not go out before all of their
+  // elements are written (a NaN left in a bucket launched too early would reach the sum).
+  const Case c = GetParam();
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  Topology topology(MPI_COMM_WORLD, c.ranks_per_node);
+  AllreduceConfig config;
+  config.algorithm = c.algorithm;
+  config.intra = topology.shm_capable() ? IntraBackend::shm : IntraBackend::mpi;
+  const std::vector<std::int64_t> offsets{0, 7, 60000, 60005};
+  const std::int64_t count = 100000, block = 4999;  // blocks straddle the bucket edges
+  std::vector<float> expected(count);
+  for (std::int64_t i = 0; i < count; ++i) expected[i] = local_value(rank, i);
+  MPI_Allreduce(MPI_IN_PLACE, expected.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                MPI_COMM_WORLD);
+  Tensor grads({count}, DType::f32);
+  float* g = grads.data<float>();
+  GradientReducer reducer(topology, config, grads, offsets, kMinSplitBucketBytes,
+                          kMinSplitBucketBytes);
+  ASSERT_GT(reducer.num_buckets(), 5);  // 390 KB in 64 KiB buckets
+  for (int step = 0; step < 2; ++step) {
+    for (std::int64_t i = 0; i < count; ++i) g[i] = std::nanf("");
+    reducer.begin();
+    for (std::int64_t end = count; end > 0; end -= block) {
+      const std::int64_t begin = std::max<std::int64_t>(0, end - block);
+      for (std::int64_t i = begin; i < end; ++i) g[i] = local_value(rank, i);
+      reducer.ready_from(begin);
+      // "Computing" the next block: time for the thread to reduce whatever was launched, so
+      // that a bucket launched too early is reduced while it still holds NaN.
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    reducer.wait();
+    std::int64_t wrong = 0;
+    for (std::int64_t i = 0; i < count; ++i) wrong += g[i] != expected[i];
+    EXPECT_EQ(wrong, 0) << "step " << step;
+  }
+}
+
+TEST_P(ReducerCases, WaitWithoutBackwardReducesEverything) {
+  // A rank that skips backward (non-finite loss) launches every bucket at wait().
+  const Case c = GetParam();
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  Topology topology(MPI_COMM_WORLD, c.ranks_per_node);
+  AllreduceConfig config;
+  config.algorithm = c.algorithm;
+  config.intra = topology.shm_capable() ? IntraBackend::shm : IntraBackend::mpi;
+  Tensor grads({kCount}, DType::f32);
+  GradientReducer reducer(topology, config, grads, kOffsets, 1, 1);
+  std::vector<float> expected(kCount);
+  for (std::int64_t i = 0; i < kCount; ++i)
+    grads.data<float>()[i] = expected[i] = local_value(rank, i);
+  MPI_Allreduce(MPI_IN_PLACE, expected.data(), static_cast<int>(kCount), MPI_FLOAT, MPI_SUM,
+                MPI_COMM_WORLD);
+  reducer.begin();
+  if (rank % 2 == 0) reducer.ready_from(kOffsets[3]);  // some ranks launch a few early
+  reducer.wait();
+  for (std::int64_t i = 0; i < kCount; ++i) ASSERT_EQ(grads.data<float>()[i], expected[i]) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Algorithms, ReducerCases,
+    ::testing::Values(Case{Algorithm::flat_mpi, 0}, Case{Algorithm::hierarchical, 0},
+                      Case{Algorithm::hierarchical, 1}, Case{Algorithm::hierarchical, 2}),
+    [](const auto& info) {
+      return std::string(algorithm_name(info.param.algorithm)) == "flat-mpi"
+                 ? std::string("flat")
+                 : "hierarchical_k" + std::to_string(info.param.ranks_per_node);
+    });
+
+}  // namespace
+}  // namespace mpt::comm
