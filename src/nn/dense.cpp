@@ -10,13 +10,18 @@
 #include "kernels/bias.hpp"
 #include "kernels/cast.hpp"
 #include "kernels/matmul.hpp"
+#include "kernels/transpose.hpp"
 #include "nn/workspace.hpp"
 
 namespace mpt::nn {
 
 namespace {
 constexpr std::size_t kWeight = 0, kBias = 1;
-}
+// Weight-gradient rows per reported block: about 1 MiB of f32, the size of the buckets that
+// overlap best here (docs/perf.md), so a bucket cut inside the weight waits for at most about
+// one block more than it must. The extra matmul calls cost little at that size.
+constexpr std::int64_t kReportBlockBytes = 1 << 20;
+}  // namespace
 
 Dense::Dense(std::string name, std::int64_t in_features, std::int64_t out_features)
     : Layer(std::move(name)), in_features_(in_features), out_features_(out_features) {
@@ -47,6 +52,27 @@ std::vector<ParamSpec> Dense::param_specs() const {
   return {{"weight", {out_features_, in_features_}, bound}, {"bias", {out_features_}, bound}};
 }
 
+std::int64_t Dense::report_block_rows() const {
+  const std::int64_t bytes =
+      in_features_ * out_features_ * static_cast<std::int64_t>(sizeof(float));
+  const std::int64_t blocks = std::clamp<std::int64_t>(
+      (bytes + kReportBlockBytes - 1) / kReportBlockBytes, 1, out_features_);
+  return (out_features_ + blocks - 1) / blocks;  // even blocks; the first rows' may be short
+}
+
+void Dense::plan(std::int64_t max_batch, DType precision) {
+  // Only the f32 host path reports in blocks (the 16-bit paths already walk the batch in
+  // blocks, summing dW over them, so no row of dW is final before the end), and only a weight
+  // of more than one block gains from it.
+  const bool blocks = precision == DType::f32 && param_value(kWeight).device() == Device::cpu &&
+                      report_block_rows() < out_features_;
+  dy_transposed_ = blocks ? Tensor({report_block_rows() * max_batch}, DType::f32) : Tensor();
+}
+
+std::int64_t Dense::scratch_bytes() const {
+  return dy_transposed_.defined() ? static_cast<std::int64_t>(dy_transposed_.size_bytes()) : 0;
+}
+
 void Dense::forward(const Tensor& x, Tensor& y, bool) {
   if (x.device() == Device::cuda && x.dtype() != DType::f32) return forward_device_16(x, y);
   if (x.dtype() != DType::f32 || y.dtype() != DType::f32) return forward_in_blocks(x, y);
@@ -62,10 +88,38 @@ void Dense::backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* d
   if (x.dtype() != DType::f32 || dy.dtype() != DType::f32 ||
       param_grad(kWeight).dtype() != DType::f32 || (dx && dx->dtype() != DType::f32))
     return backward_in_blocks(x, dy, dx);
-  // dW[out, in] = dyᵀ[out, b] · x[b, in]; db = column sums of dy; dx[b, in] = dy · W.
-  kernels::matmul(dy, true, x, false, param_grad(kWeight));
-  kernels::bias_add_backward(dy, param_grad(kBias));
+  // dW[out, in] = dyᵀ[out, b] · x[b, in]; db = column sums of dy; dx[b, in] = dy · W. dW and db
+  // come first and are reported final before dx, so their all-reduce overlaps dx's matmul.
+  if (context_ && context_->wants_grads_reports() && dy_transposed_.defined()) {
+    weight_grad_in_row_blocks(x, dy);
+  } else {
+    kernels::matmul(dy, true, x, false, param_grad(kWeight));
+    kernels::bias_add_backward(dy, param_grad(kBias));
+  }
+  if (context_) context_->report_grads_ready(this, 0);
   if (dx) kernels::matmul(dy, false, param_value(kWeight), false, *dx);
+}
+
+void Dense::weight_grad_in_row_blocks(const Tensor& x, const Tensor& dy) {
+  // The bias follows the weight in grads(), and a report covers everything after its offset:
+  // db is written first, so that each block's report below is true.
+  kernels::bias_add_backward(dy, param_grad(kBias));
+  // dW's rows [r0, r1) need dy's columns [r0, r1) as a contiguous operand: transposed per
+  // block into a scratch of one block's rows (a whole dyᵀ would add a quarter to the f32 MLP's
+  // activation memory at large batches).
+  const std::int64_t batch = dy.dim(0);
+  const std::int64_t block = report_block_rows();
+  for (std::int64_t end = out_features_; end > 0; end -= block) {
+    const std::int64_t begin = std::max<std::int64_t>(0, end - block);
+    Tensor::view_into(dy_t_rows_, dy_transposed_, 0, {end - begin, batch});
+    kernels::transpose_columns(dy, begin, dy_t_rows_);
+    Tensor::view_into(weight_grad_, param_grad(kWeight), begin * in_features_,
+                      {end - begin, in_features_});
+    // Each element is the same length-b dot product as in the one-matmul path; only the
+    // library's blocking of it may differ (results within fp32 rounding, tests/nn/test_model).
+    kernels::matmul(dy_t_rows_, false, x, false, weight_grad_);
+    context_->report_grads_ready(this, begin * in_features_);
+  }
 }
 
 ComputeWorkspace& Dense::workspace(const char* caller) const {
@@ -106,6 +160,8 @@ void Dense::forward_in_blocks(const Tensor& x, Tensor& y) {
 }
 
 void Dense::backward_in_blocks(const Tensor& x, const Tensor& dy, Tensor* dx) {
+  // No early reports here: dW is a sum over the batch's blocks, final only after the last one
+  // (Model::backward reports the layer when it returns).
   const ComputeWorkspace& ws = workspace("backward");
   const std::int64_t batch = x.dim(0);
   // dW and db are summed over the blocks in f32 and rounded to the gradient dtype once.

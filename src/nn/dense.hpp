@@ -17,6 +17,8 @@ class Dense final : public Layer {
   Shape output_shape(const Shape& input_shape) const override;
   double flops_per_sample(const Shape& input_shape) const override;
   std::vector<ParamSpec> param_specs() const override;
+  void plan(std::int64_t max_batch, DType precision) override;
+  std::int64_t scratch_bytes() const override;
 
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
@@ -25,6 +27,10 @@ class Dense final : public Layer {
   std::int64_t out_features() const { return out_features_; }
 
  private:
+  // Under a GradsReady hook (f32 on the host, a weight of more than one block): dW in blocks
+  // of output rows, last block first, each reported final as soon as it is written.
+  void weight_grad_in_row_blocks(const Tensor& x, const Tensor& dy);
+  std::int64_t report_block_rows() const;
   // The 16-bit paths: blocks of rows through the f32 workspace.
   void forward_in_blocks(const Tensor& x, Tensor& y);
   void backward_in_blocks(const Tensor& x, const Tensor& dy, Tensor* dx);
@@ -45,6 +51,9 @@ class Dense final : public Layer {
   std::int64_t out_features_;
   // Views re-pointed for every block, kept so the step does not allocate their shapes.
   Tensor x_rows_, x_widened_, y_rows_, y_widened_, dx_rows_, weight_grad_, bias_grad_, w16_;
+  // One block of dyᵀ [block rows, max batch] f32, planned only where weight_grad_in_row_blocks
+  // can run, and its view.
+  Tensor dy_transposed_, dy_t_rows_;
 };
 
 }  // namespace mpt::nn

@@ -187,6 +187,7 @@ Model Model::build(const std::string& name_or_spec, const Shape& sample_shape, i
   std::int64_t offset = 0;
   for (auto& layer : model.layers_) {
     std::vector<Tensor> values, grads;
+    model.layer_param_offsets_.push_back(layer->param_specs().empty() ? -1 : offset);
     for (const auto& param : layer->param_specs()) {
       values.push_back(Tensor::view(model.compute_params_, offset, param.shape));
       grads.push_back(Tensor::view(model.grads_, offset, param.shape));
@@ -385,17 +386,31 @@ const Tensor& Model::forward(const Tensor& x, bool training) {
   return output_views_.back();
 }
 
-void Model::backward(const Tensor& dlogits) {
+void Model::backward(const Tensor& dlogits, const GradsReady& grads_ready) {
   if (!have_forward_) abort_job("nn::Model::backward: no forward pass to differentiate");
   if (dlogits.shape() != output_views_.back().shape())
     abort_job("nn::Model::backward: dlogits " + dlogits.describe() + " does not match logits " +
               output_views_.back().describe());
+  // Layers may report parts of their gradients early through the context (dense row blocks);
+  // the context drops repeated offsets, so the report after each layer is one only when the
+  // layer made none of its own.
+  StepContext& context = *context_;
+  struct ClearHook {  // the hook is the caller's, valid for this call only
+    StepContext& context;
+    ~ClearHook() { context.grads_ready = nullptr; }
+  } clear_hook{context};
+  context.grads_ready = grads_ready ? &grads_ready : nullptr;
+  context.grads_final_from = grads_.numel();
   for (std::size_t i = layers_.size(); i-- > 0;) {
     const Tensor& input = i == 0 ? flat_inputs_[last_input_] : output_views_[i - 1];
     const Tensor& output_grad = i + 1 == layers_.size() ? dlogits : output_grad_views_[i];
     // The input needs no gradient: skip the first layer's dx (a whole matmul for a dense).
     Tensor* input_grad = i == 0 ? nullptr : &output_grad_views_[i - 1];
+    const bool has_params = layer_param_offsets_[i] >= 0;
+    context.running_layer = has_params ? layers_[i].get() : nullptr;
+    context.running_layer_offset = has_params ? layer_param_offsets_[i] : 0;
     layers_[i]->backward(input, output_views_[i], output_grad, input_grad);
+    if (has_params) context.report_grads_ready(layers_[i].get(), 0);
   }
 }
 
@@ -437,6 +452,12 @@ std::vector<NamedParam> Model::named_working_params() const {
     all.push_back({slot.name, Tensor::view(params_, slot.offset, slot.shape),
                    Tensor::view(grads_, slot.offset, slot.shape)});
   return all;
+}
+
+std::vector<std::int64_t> Model::param_offsets() const {
+  std::vector<std::int64_t> offsets;
+  for (const auto& slot : param_slots_) offsets.push_back(slot.offset);
+  return offsets;
 }
 
 std::vector<NamedParam> Model::named_buffers() const {

@@ -54,6 +54,12 @@ void require_builtin_model(const std::string& name, const std::string& option);
 // trainer installs one (an MPI_Allreduce) for synchronised BatchNorm; nn knows nothing of MPI.
 using StatsReducer = std::function<void(float* data, std::int64_t count)>;
 
+// Model::backward's per-layer hook: GRAD_OFFSET is the element offset in Model::grads() from
+// which every gradient is final (layers run last to first and own ascending ranges).
+using GradsReady = std::function<void(std::int64_t grad_offset)>;
+
+class Layer;
+
 // What the model tells its layers about the current step; owned by the model (heap-held, so
 // that the layers' pointers to it survive moves of the model).
 struct StepContext {
@@ -61,6 +67,28 @@ struct StepContext {
   std::uint64_t seed = 0;           // dropout: the run's seed
   std::uint64_t step = 0;           // dropout: the global step
   std::uint64_t sample_offset = 0;  // dropout: global index of this rank's first sample
+
+  // Partial readiness. Model::backward reports each layer's gradients final once it returns; a
+  // layer that finishes a large gradient in parts (a dense weight, in row blocks) may report
+  // earlier through report_grads_ready(), so that buckets cut inside that gradient go out while
+  // the layer still computes. Set by Model::backward for one backward with a hook.
+  const GradsReady* grads_ready = nullptr;    // null: no hook, reports are no-ops
+  const Layer* running_layer = nullptr;       // the model's layer in backward ...
+  std::int64_t running_layer_offset = 0;      // ... and the offset of its first parameter
+  mutable std::int64_t grads_final_from = 0;  // the lowest offset reported in this backward
+
+  // True when reports reach a hook: a layer may then trade a little speed for earlier reports.
+  bool wants_grads_reports() const { return grads_ready != nullptr; }
+  // LAYER reports that its gradients from element LOCAL_OFFSET on (counted from its first
+  // parameter, in param_specs() order) are final, and with them every gradient after them in
+  // Model::grads(). Reports that are not below an earlier one, or come from anything but the
+  // model's running layer (a composite's child does not know its place), are dropped.
+  void report_grads_ready(const Layer* layer, std::int64_t local_offset) const {
+    const std::int64_t offset = running_layer_offset + local_offset;
+    if (grads_ready == nullptr || layer != running_layer || offset >= grads_final_from) return;
+    grads_final_from = offset;
+    (*grads_ready)(offset);
+  }
 };
 
 // The f32 scratch that layers compute in when activations are stored in 16 bits; private to nn
@@ -190,7 +218,13 @@ class Model {
   void set_stats_reducer(StatsReducer reducer);
   // From DLOGITS [b, C] f32 (b of the last forward), overwrites grads(), in the precision. Needs
   // the last forward's activations, so call it before the next forward.
-  void backward(const Tensor& dlogits);
+  // GRADS_READY (optional) is called after each layer with parameters, last layer first, with
+  // the element offset in grads() from which every gradient is final for this backward: how
+  // the gradient all-reduce starts on a bucket while backward goes on. A dense layer with a
+  // large weight also calls it inside its backward, once per block of weight-gradient rows
+  // (StepContext::report_grads_ready). Offsets strictly decrease, the last is 0. Build the
+  // function once and pass it every step (a std::function per call may allocate).
+  void backward(const Tensor& dlogits, const GradsReady& grads_ready = {});
   // Re-runs the forward pass on X, testing each layer's output, and returns the name of the
   // first layer whose activations hold an Inf or NaN: "input" when X itself does, "" when none.
   // For the error message of a non-finite loss. Replaces the last forward's activations.
@@ -218,6 +252,8 @@ class Model {
   std::vector<NamedParam> named_params() const;
   // In layout order: views of the working copy params() and of grads().
   std::vector<NamedParam> named_working_params() const;
+  // In layout order: each parameter's element offset in the flat buffers (ascending from 0).
+  std::vector<std::int64_t> param_offsets() const;
   // Non-trainable state (BN running statistics): one flat f32 tensor, allocated at build and
   // initialised there (mean 0, var 1); the same on every rank until training moves it.
   Tensor& buffers() { return buffers_; }
@@ -261,6 +297,8 @@ class Model {
   };
   void reset_buffers();
   std::vector<ParamSlot> param_slots_;  // layout of the flat buffers
+  // Per layer: the offset of its first parameter in the flat buffers (-1: no parameters).
+  std::vector<std::int64_t> layer_param_offsets_;
   Tensor buffers_;                      // f32, non-trainable
   struct BufferSlot {
     std::string name;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "amp/amp.hpp"
+#include "comm/allreduce.hpp"
 #include "comm/comm.hpp"
 #include "optim/optim.hpp"
 
@@ -52,6 +53,8 @@ struct LoopConfig {
   std::int64_t batch_size = 64;  // per rank
   std::uint64_t seed = 42;
   std::int64_t log_every = 50;
+  // Micro-batches per optimizer step; max_steps and the logged `step` count optimizer steps.
+  std::int64_t accumulate = 1;
 };
 
 // Mixed precision: the storage dtype of weights, activations and gradients, and the loss scaler.
@@ -88,6 +91,7 @@ struct RunConfig {
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
   PrecisionConfig amp;
+  comm::CommOptions comm;
   std::string output_dir;
   // Test hook, from the environment variable MPTRAIN_FAULT (docs/testing.md): "KIND:RANK:STEP".
   // KIND nan-grad puts a NaN into RANK's local gradients at STEP (1-based), before the
@@ -97,7 +101,7 @@ struct RunConfig {
 };
 
 struct TrainSummary {
-  std::int64_t steps = 0;
+  std::int64_t steps = 0;  // optimizer steps (of --train.accumulate micro-batches each)
   std::int64_t epochs = 0;
   double final_train_loss = 0;
   double test_loss = 0;
@@ -107,6 +111,8 @@ struct TrainSummary {
   double wall_s = 0;
   double data_wait_s = 0;         // time blocked waiting for input batches, slowest rank
   double data_wait_fraction = 0;  // data_wait_s / training time
+  double comm_time_s = 0;          // gradient all-reduce time on the reducer's thread, slowest rank
+  double exposed_comm_time_s = 0;  // of which backward did not hide (wait() blocked), slowest rank
   double loss_scale = 1;          // at the end
   std::int64_t skipped_steps = 0;  // steps skipped for non-finite gradients or loss
   std::int64_t skipped_samples = 0;  // samples skipped for non-finite values (--data.on-nonfinite=skip)

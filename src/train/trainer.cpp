@@ -2,6 +2,7 @@
 // planned buffers, and the ranks average gradients before an identical optimizer step.
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -13,9 +14,14 @@
 
 #include "amp/amp.hpp"
 #include "ckpt/ckpt.hpp"
+#include "comm/gradient_reducer.hpp"
+#include "comm/topology.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
 #include "data/data.hpp"
+#include "kernels/add.hpp"
+#include "kernels/cast.hpp"
+#include "kernels/copy.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/softmax_xent.hpp"
 #include "kernels/unscale_check.hpp"
@@ -91,10 +97,26 @@ Fault parse_fault(const std::string& text) {
       ok = false;
     }
   }
-  MPT_REQUIRE(ok && fault.kind == "nan-grad" && fault.rank >= 0 && fault.step >= 1,
-              "MPTRAIN_FAULT='" + text + "' is not KIND:RANK:STEP with KIND nan-grad",
+  const bool known = fault.kind == "nan-grad" || fault.kind == "comm-error" || fault.kind == "comm-crash";
+  MPT_REQUIRE(ok && known && fault.rank >= 0 && fault.step >= 1,
+              "MPTRAIN_FAULT='" + text + "' is not KIND:RANK:STEP with KIND nan-grad, comm-error or comm-crash",
               "unset MPTRAIN_FAULT; it is a test hook (docs/testing.md)");
   return fault;
+}
+
+// Gradient accumulation (--train.accumulate=K): an epoch's batches form optimizer steps of K
+// micro-batches each, the last step of an epoch taking what is left. `step` and
+// --train.max-steps count optimizer steps (as a PyTorch loop that steps every K batches).
+std::int64_t optimizer_steps_per_epoch(std::int64_t batches_per_epoch, std::int64_t accumulate) {
+  return (batches_per_epoch + accumulate - 1) / accumulate;
+}
+
+// The micro-batches (prefetcher batches) that the first STEPS optimizer steps read.
+std::int64_t batches_for_steps(std::int64_t steps, std::int64_t batches_per_epoch,
+                               std::int64_t accumulate) {
+  const std::int64_t per_epoch = optimizer_steps_per_epoch(batches_per_epoch, accumulate);
+  return steps / per_epoch * batches_per_epoch +
+         std::min(steps % per_epoch * accumulate, batches_per_epoch);
 }
 
 optim::AdamwOptions adamw_options(const OptimizerConfig& config) {
@@ -132,6 +154,15 @@ void validate(const RunConfig& config) {
   MPT_REQUIRE(config.loop.max_steps >= 0, "--train.max-steps must be >= 0",
               "0 means no limit besides --train.epochs");
   MPT_REQUIRE(config.loop.log_every > 0, "--train.log-every must be positive", "e.g. 50");
+  MPT_REQUIRE(config.loop.accumulate >= 1, "--train.accumulate must be >= 1",
+              "1 updates after every batch; K averages K micro-batches per update");
+  MPT_REQUIRE(config.comm.ranks_per_node >= 0, "--comm.ranks-per-node must be >= 0",
+              "0 uses the nodes MPI reports; K groups K consecutive ranks");
+  const auto& buckets = config.comm;
+  MPT_REQUIRE(buckets.bucket_mb >= 0 && buckets.first_bucket_mb >= 0 &&
+                  std::isfinite(buckets.bucket_mb) && std::isfinite(buckets.first_bucket_mb),
+              "--comm.bucket-mb and --comm.first-bucket-mb must be >= 0",
+              "e.g. --comm.bucket-mb=25 (0: one bucket after backward)");
   MPT_REQUIRE(config.optimizer.name == "sgd" || config.optimizer.name == "adamw",
               "unknown optimizer '" + config.optimizer.name + "' (--optimizer.name)",
               "use sgd or adamw");
@@ -245,6 +276,11 @@ struct Trainer::State {
   std::int64_t total_steps = 0;  // of this run: epochs x steps per epoch, capped by max-steps
   double base_lr = 0;            // --optimizer.lr after --optimizer.lr-scaling
   std::optional<optim::Schedule> schedule;
+  // Communication: the world cut into nodes and rails, the resolved --comm options, and the
+  // reducer (built in run(); after the topology, so destroyed before it).
+  std::optional<comm::Topology> topology;
+  comm::AllreduceConfig allreduce;
+  std::optional<comm::GradientReducer> reducer;
   MetricsLog metrics;
   InputPipeline input;  // last: its I/O threads use the members above
 };
@@ -287,13 +323,16 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
     state_->fault = parse_fault(config.fault);
     plan.emplace(info.num_samples, config.loop.batch_size, world.size(), world.rank(),
                  config.loop.seed, shard_options_for(config.data, info));
-    state_->total_steps = config.loop.epochs * plan->steps_per_epoch();
+    state_->total_steps = config.loop.epochs * optimizer_steps_per_epoch(plan->steps_per_epoch(),
+                                                                         config.loop.accumulate);
     if (config.loop.max_steps > 0)
       state_->total_steps = std::min(state_->total_steps, config.loop.max_steps);
     // The optimizer and schedule options are checked here, where a mistake ends every rank
     // cleanly; the optimizer itself is built in run(), beside the buffers it updates.
+    // Linear scaling follows the batch of one update: K micro-batches of the global batch.
     state_->base_lr = optim::scaled_lr(config.optimizer.lr, config.optimizer.lr_scaling,
-                                       plan->global_batch(), config.optimizer.reference_batch);
+                                       plan->global_batch() * config.loop.accumulate,
+                                       config.optimizer.reference_batch);
     if (config.optimizer.name == "adamw") optim::validate(adamw_options(config.optimizer));
     state_->schedule.emplace(config.schedule, state_->base_lr,
                              state_->total_steps);
@@ -307,7 +346,21 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
     }
     if (root && !config.checkpoint_dir.empty()) ensure_directory(config.checkpoint_dir, "--checkpoint.dir");
   });
-
+  // The topology is collective, so it is built between two agreed phases (every rank gets
+  // here); the --comm names are then checked against it where a mistake ends every rank.
+  state_->topology.emplace(world.handle(), config.comm.ranks_per_node);
+  world.run_agreed([&] {
+    state_->allreduce =
+        comm::resolve_allreduce(config.comm, *state_->topology, model->grads().dtype());
+    // No pre-scaling, also for a 16-bit wire: the gradients already carry 1/global batch (the
+    // loss gradient's scale), so rank r sends (1/N) x (the mean of its B samples' gradients).
+    // Every partial sum is thus bounded by the largest per-sample gradient, like the final
+    // mean: a 16-bit sum overflows only where the gradients themselves would (and then the
+    // loss scaler backs off). A further 1/N would only push small gradients into fp16's
+    // subnormals. The sum is the mean, so no post-scaling either.
+    state_->allreduce.prescale = 1;
+    state_->allreduce.postscale = 1;
+  });
 }
 
 Trainer::~Trainer() = default;
@@ -331,11 +384,24 @@ TrainSummary Trainer::run() {
   auto& metrics = state_->metrics;
 
   const std::int64_t batch = config.loop.batch_size;
-  const std::int64_t global_batch = plan->global_batch();
-  const std::int64_t steps_per_epoch = plan->steps_per_epoch();
-  std::int64_t total_steps = config.loop.epochs * steps_per_epoch;
-  if (config.loop.max_steps > 0) total_steps = std::min(total_steps, config.loop.max_steps);
+  const std::int64_t global_batch = plan->global_batch();  // of one micro-batch
+  const std::int64_t accumulate = config.loop.accumulate;
+  const std::int64_t batches_per_epoch = plan->steps_per_epoch();
+  // Optimizer steps (each of up to ACCUMULATE micro-batches): what step and max-steps count.
+  const std::int64_t steps_per_epoch = optimizer_steps_per_epoch(batches_per_epoch, accumulate);
+  const std::int64_t total_steps = state_->total_steps;
   const auto& info = train_reader->info();
+
+  // The gradient reducer: buckets in reverse layer order, all-reduced on the communication
+  // thread while backward goes on. Collective (the all-reduce's own setup).
+  const auto& topology = *state_->topology;
+  const auto& allreduce = state_->allreduce;
+  const auto mib = [](double megabytes) {
+    return static_cast<std::int64_t>(megabytes * (1 << 20));
+  };
+  state_->reducer.emplace(topology, allreduce, model->grads(), model->param_offsets(),
+                          mib(config.comm.bucket_mb), mib(config.comm.first_bucket_mb));
+  comm::GradientReducer& reducer = *state_->reducer;
 
   if (root) {
     std::printf("mptrain %s: %d rank(s), model %s (%lld parameters), batch %lld per rank, global %lld, "
@@ -344,6 +410,20 @@ TrainSummary Trainer::run() {
                 static_cast<long long>(model->num_params()), static_cast<long long>(batch),
                 static_cast<long long>(global_batch), static_cast<long long>(steps_per_epoch),
                 config.amp.precision.c_str(), kernels::matmul_backend() == kernels::MatmulBackend::dnnl ? "oneDNN" : "BLAS");
+    if (accumulate > 1)
+      std::printf("accumulate %lld micro-batches per optimizer step: %lld samples per update\n",
+                  static_cast<long long>(accumulate),
+                  static_cast<long long>(accumulate * global_batch));
+    std::printf("allreduce %s", comm::algorithm_name(allreduce.algorithm));
+    if (allreduce.algorithm == comm::Algorithm::hierarchical)
+      std::printf(" (intra %s, %d node(s) of up to %d rank(s))", comm::intra_name(allreduce.intra),
+                  topology.num_nodes(), topology.num_shards());
+    std::printf(", wire %s, %d bucket(s)", dtype_name(allreduce.wire), reducer.num_buckets());
+    if (config.comm.bucket_mb > 0)
+      std::printf(" (%g MiB, first %g MiB)", config.comm.bucket_mb, config.comm.first_bucket_mb);
+    else
+      std::printf(" (one bucket after backward)");
+    std::printf("\n");
     if (config.model.print) std::printf("%s", model->summary().c_str());
     std::fflush(stdout);
   }
@@ -353,16 +433,28 @@ TrainSummary Trainer::run() {
   model->plan(batch);
   Tensor dlogits({batch, model->num_classes()}, DType::f32);
   data::Prefetcher& prefetcher = *state_->input.prefetcher;
-  prefetcher.start(0, 0, total_steps);
+  prefetcher.start(0, 0, batches_for_steps(total_steps, batches_per_epoch, accumulate));
 
   // Rank 0 draws the initial weights and broadcasts them: the ranks start identical even if a
   // site's libm differs between nodes.
   if (root) model->init_params(config.loop.seed, nn::init_scheme_from_name(config.model.init, "--model.init"));
-  // Sync BN: the layers' per-channel sums (and the sample count) are summed over the world.
+  // Sync BN: the layers' per-channel sums (and the sample count) are summed over the world, on
+  // the reducer's thread, in order with the buckets (only one thread calls MPI at a time). The
+  // two functions are built once: a std::function per call could allocate.
+  struct StatsCall {
+    float* data = nullptr;
+    std::int64_t count = 0;
+  } stats_call;
+  const std::function<void()> reduce_stats = [&stats_call, comm = world.handle()] {
+    MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, stats_call.data, static_cast<int>(stats_call.count),
+                                MPI_FLOAT, MPI_SUM, comm));
+  };
   if (config.model.sync_bn)
-    model->set_stats_reducer([comm = world.handle()](float* data, std::int64_t count) {
-      MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm));
-    });
+    model->set_stats_reducer(
+        [&reducer, &stats_call, &reduce_stats](float* data, std::int64_t count) {
+          stats_call = {data, count};
+          reducer.run_collective(reduce_stats);
+        });
   world.broadcast(model->master_params(), 0);
   model->recast_from_master();  // the 16-bit working copy (a no-op under fp32)
 
@@ -397,8 +489,6 @@ TrainSummary Trainer::run() {
   }
   amp::LossScaler& scaler = *state_->scaler;
   const bool skip_nonfinite_loss = config.amp.on_nonfinite_loss == "skip";
-  comm::GradientReducer reducer(world);
-  const float grad_scale = 1.0f / static_cast<float>(global_batch);
   double lr = schedule.lr(0);  // the LR of the last applied update, as logged
   double grad_norm = -1;       // the pre-clip norm of the last applied update (-1: not computed)
   // Samples this rank's readers left out for non-finite values (--data.on-nonfinite=skip).
@@ -408,6 +498,44 @@ TrainSummary Trainer::run() {
     return count;
   };
 
+  // Gradient accumulation: the micro-batches before the last add their gradients into an f32
+  // buffer (backward overwrites grads()); the last one's backward adds it back into grads() a
+  // layer at a time, just before the reducer launches the bucket holding those gradients.
+  Tensor& grads = model->grads();
+  Tensor accumulated = accumulate > 1 ? Tensor({grads.numel()}, DType::f32) : Tensor();
+  Tensor grads_range, accumulated_range;  // planned views: view_into allocates nothing
+  std::int64_t accumulated_until = 0;     // grads()[this, end) already hold the sum
+  const auto add_accumulated = [&](std::int64_t from) {
+    if (from >= accumulated_until) return;
+    Tensor::view_into(grads_range, grads, from, {accumulated_until - from});
+    Tensor::view_into(accumulated_range, accumulated, from, {accumulated_until - from});
+    kernels::add(grads_range, accumulated_range, grads_range);
+    accumulated_until = from;
+  };
+  // The last micro-batch's backward hook: add what the earlier micro-batches accumulated, write
+  // this rank's NaN (see below) before the bucket holding element 0 goes out, launch buckets.
+  bool accumulating = false;    // this step has more than one micro-batch
+  bool poison_in_hook = false;  // this rank must carry a NaN into the all-reduce
+  // MPTRAIN_FAULT=comm-error|comm-crash:RANK:STEP: RANK fails on the communication thread
+  // once its first bucket is reduced, while its peers are inside the next bucket's all-reduce
+  // waiting for it: the job must end on every rank, not hang (tests/app/comm_faults.sh).
+  bool fail_in_comm = false;
+  const std::function<void()> injected_comm_failure = [&] {
+    if (state_->fault.kind == "comm-crash") std::raise(SIGKILL);  // a hard crash: no message
+    abort_job("injected failure in the gradient all-reduce at step " +
+              std::to_string(state_->fault.step) + " (MPTRAIN_FAULT)");
+  };
+  const nn::GradsReady launch_buckets = [&](std::int64_t offset) {
+    if (accumulating) add_accumulated(offset);
+    if (offset == 0 && poison_in_hook) poison(grads);
+    reducer.ready_from(offset);
+    if (fail_in_comm && offset < grads.numel()) {
+      fail_in_comm = false;
+      reducer.run_collective(injected_comm_failure);
+    }
+  };
+  const nn::GradsReady no_hook;
+
   TrainSummary summary;
   double train_seconds = 0;
   // Loss and accuracy of the current logging window, summed locally and reduced when logged.
@@ -415,51 +543,103 @@ TrainSummary Trainer::run() {
   double window[4] = {0, 0, 0, 0};
   double window_data_wait = 0;   // seconds blocked in prefetcher.next() (reduced with MAX)
   double total_data_wait = 0;
+  // Seconds the reducer's thread spent all-reducing, and the part of it that wait() blocked
+  // (not hidden behind backward); summed over a window's steps, the slowest rank's logged.
+  double window_comm = 0, window_exposed = 0, total_comm = 0, total_exposed = 0;
   double last_window_loss = std::nan("");
   auto window_start = Clock::now();
   std::int64_t window_steps = 0;
 
-  std::int64_t step = 0;
+  std::int64_t step = 0;        // optimizer steps
+  std::int64_t micro_step = 0;  // micro-batches, over the run: the dropout masks' key
   for (std::int64_t epoch = 0; epoch < config.loop.epochs && step < total_steps; ++epoch) {
     const auto epoch_start = Clock::now();
     for (std::int64_t epoch_step = 0; epoch_step < steps_per_epoch && step < total_steps; ++epoch_step) {
       const auto step_start = Clock::now();
-      const data::Batch& input = prefetcher.next();  // with --data.prefetch=0 this is the read
-      const double data_wait = seconds_since(step_start);
-      window_data_wait += data_wait;
-      total_data_wait += data_wait;
-      if (input.epoch != epoch || input.step != epoch_step)
-        abort_job("Trainer: prefetched batch (" + std::to_string(input.epoch) + ", " +
-                  std::to_string(input.step) + ") is not the planned (" + std::to_string(epoch) +
-                  ", " + std::to_string(epoch_step) + ")");
-      // Dropout masks keyed by (seed, layer, global step, global sample index): the same on resume.
-      model->set_rng(config.loop.seed, static_cast<std::uint64_t>(step),
-                     static_cast<std::uint64_t>(world.rank()) * static_cast<std::uint64_t>(batch));
-      const Tensor& logits = model->forward(input.samples, /*training=*/true);
+      const std::int64_t first_batch = epoch_step * accumulate;
+      // The epoch's last group may be short; its loss gradient scale follows its real size, so
+      // the update is the mean over every sample of the group on every rank.
+      const std::int64_t group = std::min(accumulate, batches_per_epoch - first_batch);
+      const float grad_scale = 1.0f / static_cast<float>(global_batch * group);
       const double loss_scale = scaler.scale();
-      const auto stats = kernels::softmax_xent_forward_backward(
-          logits, input.labels, dlogits, grad_scale * static_cast<float>(loss_scale));
-      const bool loss_finite = std::isfinite(stats.loss_sum);
-      // Sync BN's backward reduces across ranks, so every rank runs it, finite loss or not.
-      if (!loss_finite && config.model.sync_bn) model->backward(dlogits);
-      if (loss_finite) {
-        model->backward(dlogits);
-      } else if (skip_nonfinite_loss) {
-        std::printf("step %lld: non-finite loss on %s, step skipped\n", static_cast<long long>(step + 1),
-                    process_where().c_str());
-        poison(model->grads());
-      } else {
-        const std::string layer = model->first_nonfinite_layer(input.samples);
-        throw_user_error("non-finite loss at step " + std::to_string(step + 1) +
-                             (layer.empty() ? std::string(" (all activations finite: the labels or the loss overflowed)")
-                                            : " (first non-finite activations: layer " + layer + ")"),
-                         "lower --optimizer.lr, check the data, or pass --amp.on-nonfinite-loss=skip");
+      const bool fault_now = state_->fault.rank == world.rank() && state_->fault.step == step + 1;
+      const bool inject_nan = fault_now && state_->fault.kind == "nan-grad";
+      fail_in_comm = fault_now && state_->fault.kind.rfind("comm-", 0) == 0;
+      bool step_loss_finite = true;
+      for (std::int64_t micro = 0; micro < group; ++micro) {
+        const bool last_micro = micro + 1 == group;
+        const auto wait_start = Clock::now();
+        const data::Batch& input = prefetcher.next();  // with --data.prefetch=0 this is the read
+        const double data_wait = seconds_since(wait_start);
+        window_data_wait += data_wait;
+        total_data_wait += data_wait;
+        if (input.epoch != epoch || input.step != first_batch + micro)
+          abort_job("Trainer: prefetched batch (" + std::to_string(input.epoch) + ", " +
+                    std::to_string(input.step) + ") is not the planned (" + std::to_string(epoch) +
+                    ", " + std::to_string(first_batch + micro) + ")");
+        // Dropout masks keyed by (seed, layer, global micro-batch, global sample index): the
+        // same on resume, and different for each micro-batch of a step.
+        model->set_rng(
+            config.loop.seed, static_cast<std::uint64_t>(micro_step),
+            static_cast<std::uint64_t>(world.rank()) * static_cast<std::uint64_t>(batch));
+        const Tensor& logits = model->forward(input.samples, /*training=*/true);
+        const auto stats = kernels::softmax_xent_forward_backward(
+            logits, input.labels, dlogits, grad_scale * static_cast<float>(loss_scale));
+        const bool loss_finite = std::isfinite(stats.loss_sum);
+        step_loss_finite = step_loss_finite && loss_finite;
+        // Only the last micro-batch communicates; its buckets go out while backward runs. A rank
+        // that must skip the step (a non-finite loss under --amp.on-nonfinite-loss=skip, an
+        // injected fault) writes a NaN into its gradients, which the all-reduce carries to every
+        // rank. Where backward runs with the hook, the hook writes it just before the last
+        // bucket launches, so every rank launches the same buckets at the same points: with
+        // sync BN, whose collectives queue between the buckets, the order must not depend on
+        // a rank's loss.
+        const bool run_backward = loss_finite || config.model.sync_bn;
+        // One bucket goes at wait() anyway: no hook, so backward keeps its single dW GEMMs.
+        const bool hooked = last_micro && run_backward && reducer.num_buckets() > 1;
+        const bool must_poison =
+            (!loss_finite && skip_nonfinite_loss) || (last_micro && inject_nan);
+        if (last_micro) {
+          reducer.begin();
+          accumulated_until = grads.numel();
+          accumulating = group > 1;
+          poison_in_hook = must_poison;
+        }
+        if (run_backward) model->backward(dlogits, hooked ? launch_buckets : no_hook);
+        if (!loss_finite && !skip_nonfinite_loss) {
+          const std::string layer = model->first_nonfinite_layer(input.samples);
+          throw_user_error("non-finite loss at step " + std::to_string(step + 1) +
+                               (layer.empty() ? std::string(" (all activations finite: the labels or the loss overflowed)")
+                                              : " (first non-finite activations: layer " + layer + ")"),
+                           "lower --optimizer.lr, check the data, or pass --amp.on-nonfinite-loss=skip");
+        }
+        if (!loss_finite)
+          std::printf("step %lld: non-finite loss on %s, step skipped\n", static_cast<long long>(step + 1),
+                      process_where().c_str());
+        prefetcher.release();  // backward was the last reader of the inputs: refill the slot now
+        if (!last_micro) {
+          // A NaN is carried along in the sum, so the step is still skipped everywhere.
+          if (must_poison) poison(grads);
+          if (micro == 0 && grads.dtype() == DType::f32) kernels::copy(grads, accumulated);
+          else if (micro == 0) kernels::cast(grads, accumulated);
+          else kernels::add(accumulated, grads, accumulated);
+        } else if (!hooked) {
+          // No backward ran on this rank (non-finite loss): nothing is launched yet, so the
+          // gradients can still be written; every bucket goes at wait().
+          if (accumulating) add_accumulated(0);
+          if (must_poison) poison(grads);
+        }
+        window[0] += stats.loss_sum;
+        window[1] += static_cast<double>(stats.correct);
+        window[2] += static_cast<double>(batch);
+        ++micro_step;
       }
-      prefetcher.release();  // backward was the last reader of the inputs: refill the slot now
-      if (state_->fault.kind == "nan-grad" && state_->fault.rank == world.rank() &&
-          state_->fault.step == step + 1)
-        poison(model->grads());
-      reducer.reduce(model->grads());
+      reducer.wait();
+      window_comm += reducer.last_comm_seconds();
+      window_exposed += reducer.last_exposed_seconds();
+      total_comm += reducer.last_comm_seconds();
+      total_exposed += reducer.last_exposed_seconds();
+      const bool loss_finite = step_loss_finite;
       // After the all-reduce every rank holds the same gradients, so every rank reaches the
       // same verdict here and skips (or applies) the same steps with no further collective.
       Tensor working_grads[1] = {model->grads()};
@@ -480,9 +660,6 @@ TrainSummary Trainer::run() {
                     static_cast<long long>(scaler.state().skipped_steps));
       }
       train_seconds += seconds_since(step_start);
-      window[0] += stats.loss_sum;
-      window[1] += static_cast<double>(stats.correct);
-      window[2] += static_cast<double>(batch);
       ++step;
       ++window_steps;
 
@@ -493,8 +670,9 @@ TrainSummary Trainer::run() {
       world.allreduce_sum(window, 4);
       // One MAX reduction for both: the slowest rank sets the pace, and the rank that waited
       // longest for data is the one a user must look at.
-      double window_max[2] = {seconds_since(window_start), window_data_wait};
-      world.allreduce_max(window_max, 2);
+      double window_max[4] = {seconds_since(window_start), window_data_wait, window_comm,
+                              window_exposed};
+      world.allreduce_max(window_max, 4);
       const double window_seconds = window_max[0];
       const double data_wait_fraction = window_seconds > 0 ? window_max[1] / window_seconds : 0;
       const double loss = window[0] / window[2];
@@ -502,16 +680,17 @@ TrainSummary Trainer::run() {
       const double samples_per_s = window[2] / window_seconds;
       if (root) {
         std::printf("step %lld/%lld  epoch %lld  loss %.4f  train_acc %.4f  lr %g  %.0f samples/s"
-                    "  data_wait %.1f%%\n",
+                    "  data_wait %.1f%%  comm %.3f s (exposed %.3f s)\n",
                     static_cast<long long>(step), static_cast<long long>(total_steps),
                     static_cast<long long>(epoch), loss, window[1] / window[2], lr,
-                    samples_per_s, 100 * data_wait_fraction);
+                    samples_per_s, 100 * data_wait_fraction, window_max[2], window_max[3]);
         std::fflush(stdout);
         JsonObject record;
         record.add("step", step).add("epoch", epoch).add("loss", loss)
             .add("train_accuracy", window[1] / window[2]).add("lr", lr)
             .add("samples_per_s", samples_per_s).add("window_steps", window_steps)
             .add("data_wait_s", window_max[1]).add("data_wait_fraction", data_wait_fraction)
+            .add("comm_time_s", window_max[2]).add("exposed_comm_time_s", window_max[3])
             .add("loss_scale", scaler.scale()).add("skipped_steps", scaler.state().skipped_steps)
             .add("skipped_samples", static_cast<std::int64_t>(window[3]));
         if (grad_norm >= 0) record.add("grad_norm", grad_norm);
@@ -520,6 +699,7 @@ TrainSummary Trainer::run() {
       summary.skipped_samples = static_cast<std::int64_t>(window[3]);
       window[0] = window[1] = window[2] = window[3] = 0;
       window_data_wait = 0;
+      window_comm = window_exposed = 0;
       window_steps = 0;
       window_start = Clock::now();
     }
@@ -563,12 +743,16 @@ TrainSummary Trainer::run() {
   summary.last_lr = optimizer->steps() > 0 ? lr : 0;
   summary.grad_norm = grad_norm;
   // The slowest rank sets the pace of synchronous training.
-  double run_max[2] = {train_seconds, total_data_wait};
-  world.allreduce_max(run_max, 2);
+  double run_max[4] = {train_seconds, total_data_wait, total_comm, total_exposed};
+  world.allreduce_max(run_max, 4);
   train_seconds = run_max[0];
   summary.data_wait_s = run_max[1];
   summary.data_wait_fraction = train_seconds > 0 ? summary.data_wait_s / train_seconds : 0;
-  summary.samples_per_s = train_seconds > 0 ? static_cast<double>(step * global_batch) / train_seconds : 0;
+  summary.comm_time_s = run_max[2];
+  summary.exposed_comm_time_s = run_max[3];
+  summary.samples_per_s =
+      train_seconds > 0 ? static_cast<double>(micro_step * global_batch) / train_seconds : 0;
+  if (config.model.sync_bn) model->set_stats_reducer({});  // it refers to this function's locals
 
   world.run_agreed([&] {
     if (!root || config.checkpoint_dir.empty()) return;
@@ -603,6 +787,12 @@ TrainSummary Trainer::run() {
         .add("test_top5_accuracy", test_reader ? summary.test_top5_accuracy : std::nan(""))
         .add("samples_per_s", summary.samples_per_s).add("train_s", train_seconds)
         .add("data_wait_s", summary.data_wait_s).add("data_wait_fraction", summary.data_wait_fraction)
+        .add("comm_time_s", summary.comm_time_s).add("exposed_comm_time_s", summary.exposed_comm_time_s)
+        .add("exposed_comm_fraction", summary.comm_time_s > 0 ? summary.exposed_comm_time_s / summary.comm_time_s : 0.0)
+        .add("allreduce", comm::algorithm_name(state_->allreduce.algorithm))
+        .add("allreduce_intra", comm::intra_name(state_->allreduce.intra))
+        .add("wire_dtype", dtype_name(state_->allreduce.wire))
+        .add("buckets", reducer.num_buckets()).add("accumulate", accumulate)
         .add("precision", config.amp.precision).add("loss_scale", summary.loss_scale)
         .add("skipped_steps", summary.skipped_steps).add("skipped_samples", summary.skipped_samples)
         .add("wall_s", summary.wall_s).add("model", model->spec()).add("num_params", model->num_params())
@@ -611,6 +801,9 @@ TrainSummary Trainer::run() {
     if (!config.output_dir.empty()) write_text_file(config.output_dir + "/summary.json", json.str());
     std::printf("done: %lld steps, %.0f samples/s, final train loss %.4f", static_cast<long long>(step),
                 summary.samples_per_s, summary.final_train_loss);
+    if (summary.comm_time_s > 0)
+      std::printf(", comm %.2f s (%.0f%% exposed)", summary.comm_time_s,
+                  100 * summary.exposed_comm_time_s / summary.comm_time_s);
     if (test_reader) std::printf(", test accuracy %.4f", summary.test_accuracy);
     std::printf(", %.1f s\n", summary.wall_s);
     std::fflush(stdout);

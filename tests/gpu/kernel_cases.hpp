@@ -59,6 +59,7 @@ inline constexpr KernelCase kKernelCases[] = {
     {"conv2d.hpp", "im2col, col2im, channel bias", CaseStatus::host_pending, nullptr},
     {"dropout.hpp", "dropout", CaseStatus::host_pending, nullptr},
     {"pool2d.hpp", "max/avg pool2d", CaseStatus::host_pending, nullptr},
+    {"transpose.hpp", "transpose_columns", CaseStatus::host_pending, nullptr},
 };
 
 }  // namespace mpt::gpu_test

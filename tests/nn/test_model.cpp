@@ -2,11 +2,13 @@
 // batches, and the no-allocation rule for the steady-state step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 #include "core/random.hpp"
@@ -168,6 +170,140 @@ TEST(ModelPlan, SmallerBatchMatchesTheSameRowsOfAFullBatch) {
   exact.backward(dlogits_exact);
   for (std::int64_t i = 0; i < model.num_params(); ++i)
     ASSERT_EQ(model.grads().data<float>()[i], exact.grads().data<float>()[i]) << i;
+}
+
+// The hook of backward (how the gradient all-reduce overlaps it): called after each layer with
+// parameters, last layer first, with that layer's first parameter offset, and by a large dense
+// layer after each block of weight-gradient rows, when every gradient from there on already has
+// its final value; a hook built once allocates nothing.
+// check_backward_hook runs a training backward of SPEC without a hook (the reference), then twice with one, on the
+// same forward each time, with grads() poisoned with NaN first. At every call the hook checks
+// that the offset is truthful: grads()[offset, end) are all final, i.e. equal to the reference
+// within TOLERANCE_ULPS ulps of the largest reference value of each element's parameter (the
+// row-block matmuls of a dense weight may sum in another order than the one matmul). Offsets
+// must strictly decrease down to 0, the result must match the reference, and the second hooked
+// pass must allocate nothing (when COUNT_ALLOCATIONS). Returns the reported offsets (the same in
+// both passes).
+std::vector<std::int64_t> check_backward_hook(const std::string& spec, const Shape& sample,
+                                              std::int64_t batch, int classes, float tolerance_ulps,
+                                              bool count_allocations = true) {
+  Model model = Model::build(spec, sample, classes);
+  model.init_params(3);
+  model.plan(batch);
+  Shape input_shape{batch};
+  input_shape.insert(input_shape.end(), sample.begin(), sample.end());
+  const Tensor x = random_input(input_shape, 5);
+  Tensor labels({batch}, DType::i32);
+  for (std::int64_t i = 0; i < batch; ++i)
+    labels.data<std::int32_t>()[i] = static_cast<std::int32_t>(i % classes);
+  Tensor dlogits({batch, classes}, DType::f32);
+  const std::int64_t n = model.num_params();
+  float* g = model.grads().data<float>();
+  const auto poisoned_forward = [&] {
+    for (std::int64_t i = 0; i < n; ++i) g[i] = std::nanf("");
+    kernels::softmax_xent_forward_backward(model.forward(x, true), labels, dlogits, 0.125f);
+  };
+  poisoned_forward();
+  model.backward(dlogits);
+  const std::vector<float> reference(g, g + n);
+  std::vector<float> tolerance(static_cast<std::size_t>(n));
+  const auto offsets_of = model.param_offsets();
+  for (std::size_t p = 0; p < offsets_of.size(); ++p) {
+    const std::int64_t begin = offsets_of[p];
+    const std::int64_t end = p + 1 < offsets_of.size() ? offsets_of[p + 1] : n;
+    float largest = 0;
+    for (std::int64_t i = begin; i < end; ++i) largest = std::max(largest, std::fabs(reference[i]));
+    for (std::int64_t i = begin; i < end; ++i)
+      tolerance[static_cast<std::size_t>(i)] = tolerance_ulps * std::ldexp(largest, -24);
+  }
+
+  std::vector<std::int64_t> offsets;
+  offsets.reserve(64);
+  std::int64_t untrue = 0;  // elements declared final that were not
+  const GradsReady hook = [&](std::int64_t offset) {
+    offsets.push_back(offset);
+    for (std::int64_t i = offset; i < n; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      untrue += !(std::fabs(g[i] - reference[k]) <= tolerance[k]);  // NaN counts
+    }
+  };
+  std::vector<std::int64_t> first_pass;
+  for (int pass = 0; pass < 2; ++pass) {
+    offsets.clear();
+    untrue = 0;
+    poisoned_forward();
+    allocations = 0;
+    counting = pass == 1;
+    model.backward(dlogits, hook);
+    counting = false;
+    if (pass == 1 && count_allocations) {
+      EXPECT_EQ(allocations.load(), 0);
+    }
+    EXPECT_EQ(untrue, 0) << "pass " << pass << ": a reported offset was not final";
+    if (pass == 0) first_pass = offsets;
+  }
+  EXPECT_EQ(offsets, first_pass);
+  if (offsets.empty()) {
+    ADD_FAILURE() << "the hook was never called";
+    return offsets;
+  }
+  EXPECT_EQ(offsets.back(), 0);
+  for (std::size_t i = 1; i < offsets.size(); ++i)
+    EXPECT_LT(offsets[i], offsets[i - 1]) << "report " << i;
+  std::int64_t wrong = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    wrong += !(std::fabs(g[i] - reference[k]) <= tolerance[k]);
+  }
+  EXPECT_EQ(wrong, 0) << "the hooked backward's gradients differ from the reference";
+  return offsets;
+}
+
+TEST(ModelPlan, BackwardHookReportsFinalGradientsLastLayerFirst) {
+  const kernels::MatmulBackend saved = kernels::matmul_backend();
+  kernels::set_matmul_backend(kernels::MatmulBackend::blas);  // as below: count only our news
+  // Small layers: one report per layer with parameters (conv0, dense4, dense6), at its first
+  // offset, last first; the gradients are those of the hookless backward, bit for bit.
+  const std::string spec = "conv:2:3,relu,maxpool:2,flatten,dense:6,relu,dense:5";
+  const auto offsets = check_backward_hook(spec, {1, 8, 8}, 4, 5, /*tolerance_ulps=*/0);
+  const auto all = Model::build(spec, {1, 8, 8}, 5).param_offsets();
+  ASSERT_EQ(all.size(), 6u);
+  EXPECT_EQ(offsets, (std::vector<std::int64_t>{all[4], all[2], all[0]}));
+  EXPECT_EQ(all[0], 0);
+  kernels::set_matmul_backend(saved);
+}
+
+TEST(ModelPlan, BackwardHookReportsLargeDenseWeightsInRowBlocks) {
+  // dense0's weight (700 x 784, 2.1 MiB) and dense2's (400 x 700, 1.1 MiB) exceed one 1 MiB
+  // block: with a hook their gradients are computed in blocks of output rows, last block
+  // first, each reported as soon as it is written. Each element is still one length-8 dot
+  // product; the tolerance (64 ulps of the parameter's largest gradient) only allows for the
+  // library summing it in another order when the matmul's shape changes.
+  const std::string spec = "dense:700,relu,dense:400,relu,dense:5";
+  const auto all = Model::build(spec, {1, 28, 28}, 5).param_offsets();
+  ASSERT_EQ(all.size(), 6u);
+  const kernels::MatmulBackend saved = kernels::matmul_backend();
+  for (const auto backend : {kernels::MatmulBackend::blas, kernels::MatmulBackend::dnnl}) {
+    if (backend == kernels::MatmulBackend::dnnl && !kernels::dnnl_available()) continue;
+    SCOPED_TRACE(kernels::matmul_backend_name(backend));
+    kernels::set_matmul_backend(backend);
+    // oneDNN allocates in each matmul call (see SteadyStateStepAllocatesNothing): count BLAS.
+    const auto offsets = check_backward_hook(spec, {1, 28, 28}, 8, 5, /*tolerance_ulps=*/64,
+                                             backend == kernels::MatmulBackend::blas);
+    const auto inside = [&](std::size_t weight) {  // reports strictly inside a weight
+      int count = 0;
+      for (auto offset : offsets) count += offset > all[weight] && offset < all[weight + 1];
+      return count;
+    };
+    EXPECT_GE(inside(0), 2) << "dense0's weight is three blocks";
+    EXPECT_GE(inside(2), 1) << "dense2's weight is two blocks";
+    // The layers' first offsets are reported too (dense4's by the model, the others by the
+    // layers' last blocks), and nothing inside the small dense4.
+    for (std::size_t p : {0u, 2u, 4u})
+      EXPECT_NE(std::find(offsets.begin(), offsets.end(), all[p]), offsets.end()) << p;
+    EXPECT_EQ(inside(4), 0);
+  }
+  kernels::set_matmul_backend(saved);
 }
 
 TEST(ModelPlan, SteadyStateStepAllocatesNothing) {
