@@ -74,6 +74,8 @@ po::options_description train_options(TrainCommand& out) {
       ("train.batch-size", po::value(&run.loop.batch_size)->default_value(64), "samples per rank per step; global batch = this x ranks")
       ("train.seed", po::value(&run.loop.seed)->default_value(42), "seed of weight initialisation and shuffling")
       ("train.log-every", po::value(&run.loop.log_every)->default_value(50), "log and write metrics every N steps")
+      ("train.accumulate", po::value(&run.loop.accumulate)->default_value(1),
+       "micro-batches per optimizer step (gradient accumulation; communicates on the last only)")
       ("train.precision", po::value(&run.amp.precision)->default_value("fp32"),
        "fp32 | fp16 | bf16: storage of weights, activations and gradients (FP32 masters, FP32 compute)")
       ("train.threads", po::value(&out.runtime.threads)->default_value(0),
@@ -124,6 +126,20 @@ po::options_description train_options(TrainCommand& out) {
       ("schedule.max-lr", po::value(&run.schedule.max_lr)->default_value(0.0, "0"), "one-cycle: the peak lr (0: the base lr)")
       ("schedule.pct-start", po::value(&run.schedule.pct_start)->default_value(0.3, "0.3"),
        "one-cycle: fraction of the steps spent rising");
+  po::options_description comm("[comm]", kHelpWidth, kHelpWidth / 2);
+  comm.add_options()
+      ("comm.allreduce", po::value(&run.comm.allreduce)->default_value("auto"),
+       "auto (hierarchical with shm where ranks share memory, else flat-mpi) | flat-mpi | hierarchical")
+      ("comm.intra", po::value(&run.comm.intra)->default_value("auto"),
+       "hierarchical's intra-node backend: auto | shm (MPI-3 shared-memory window) | mpi")
+      ("comm.ranks-per-node", po::value(&run.comm.ranks_per_node)->default_value(0),
+       "emulate nodes of K consecutive ranks (0: the shared-memory domains MPI reports)")
+      ("comm.bucket-mb", po::value(&run.comm.bucket_mb)->default_value(25, "25"),
+       "gradient bucket size in MiB, reduced while backward runs (0: one bucket after backward)")
+      ("comm.first-bucket-mb", po::value(&run.comm.first_bucket_mb)->default_value(1, "1"),
+       "size of the first bucket (the last layers' gradients) in MiB")
+      ("comm.wire-dtype", po::value(&run.comm.wire_dtype)->default_value("auto"),
+       "auto (the gradients' dtype) | fp32 | fp16 | bf16: what gradients travel as (16-bit: pre-scaled by 1/N)");
   po::options_description output("[output] and [checkpoint]", kHelpWidth, kHelpWidth / 2);
   output.add_options()
       ("output.dir", po::value(&run.output_dir)->default_value("runs/latest")->implicit_value(""), "metrics.jsonl and summary.json go here")
@@ -133,7 +149,7 @@ po::options_description train_options(TrainCommand& out) {
       ("device", po::value(&out.runtime.device)->default_value("auto"), "auto | cpu | cuda")
       ("kernels.matmul", po::value(&out.runtime.matmul)->default_value("auto"), "host matmul library: auto | onednn | blas");
   po::options_description all(kHelpWidth, kHelpWidth / 2);
-  all.add(data).add(model).add(loop).add(amp).add(optimizer).add(schedule).add(output).add(runtime);
+  all.add(data).add(model).add(loop).add(amp).add(optimizer).add(schedule).add(comm).add(output).add(runtime);
   return all;
 }
 
@@ -222,6 +238,13 @@ TrainCommand parse_train_command(const std::string& command, const std::vector<s
   MPT_REQUIRE(matmul == "auto" || matmul == "onednn" || matmul == "blas",
               "unknown matmul library '" + matmul + "' (--kernels.matmul)", "use auto, onednn or blas");
   MPT_REQUIRE(out.runtime.threads >= 0, "--train.threads must be >= 0", "0 picks a default");
+  const auto& comm = out.run.comm;
+  MPT_REQUIRE(comm.ranks_per_node >= 0, "--comm.ranks-per-node must be >= 0",
+              "0 uses the nodes MPI reports; K groups K consecutive ranks");
+  MPT_REQUIRE(comm.bucket_mb >= 0 && comm.first_bucket_mb >= 0,
+              "--comm.bucket-mb and --comm.first-bucket-mb must be >= 0", "e.g. --comm.bucket-mb=25");
+  MPT_REQUIRE(out.run.loop.accumulate >= 1, "--train.accumulate must be >= 1",
+              "1 updates after every batch; K averages K micro-batches per update");
   if (command == "eval" && out.checkpoint.empty()) out.checkpoint = out.run.checkpoint_dir;
   return out;
 }
@@ -264,6 +287,82 @@ PredictCommand parse_predict_command(const std::vector<std::string>& args) {
   MPT_REQUIRE(!predict.data.test_path.empty(), "no data given to predict on (--data)",
               "e.g. mptrain predict --model model.h5 --data test.h5");
   MPT_REQUIRE(out.runtime.threads >= 0, "--threads must be >= 0", "0 picks a default");
+  return out;
+}
+
+namespace {
+
+// "8", "4K", "256M", "1G" (powers of 1024, as nccl-tests reads them) to bytes.
+std::int64_t parse_bytes(const std::string& text, const std::string& option) {
+  std::size_t used = 0;
+  double value = -1;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string suffix = text.substr(used);
+  double unit = 1;
+  if (suffix == "K" || suffix == "k") unit = 1024.0;
+  else if (suffix == "M" || suffix == "m") unit = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g") unit = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty()) used = 0;
+  MPT_REQUIRE(used > 0 && value >= 0 && std::isfinite(value),
+              option + " has a bad size '" + text + "'", "give bytes with an optional K, M or G suffix, e.g. 256M");
+  return static_cast<std::int64_t>(value * unit);
+}
+
+}  // namespace
+
+BenchCommand parse_bench_command(const std::vector<std::string>& args) {
+  BenchCommand out;
+  std::string min_text = "8", max_text = "256M", memcpy_text = "64M", algos = "flat-mpi,hierarchical-shm,hierarchical-mpi";
+  po::options_description visible("bench allreduce", kHelpWidth, kHelpWidth / 2);
+  visible.add_options()
+      ("what", po::value(&out.what), "allreduce")
+      ("min-bytes,b", po::value(&min_text)->default_value("8"), "smallest message (K, M, G suffixes)")
+      ("max-bytes,e", po::value(&max_text)->default_value("256M"), "largest message")
+      ("step-factor,f", po::value(&out.step_factor)->default_value(2, "2"), "size multiplier between rows")
+      ("iters,n", po::value(&out.iters)->default_value(20), "timed iterations per round, at most")
+      ("rounds,r", po::value(&out.rounds)->default_value(5),
+       "timed rounds per row, each running every algorithm in turn; the row reports the median round")
+      ("warmup-iters,w", po::value(&out.warmup_iters)->default_value(2), "untimed iterations per row")
+      ("row-seconds,t", po::value(&out.row_seconds)->default_value(0.5, "0.5"),
+       "time budget per row: fewer timed iterations (at least 1) where one is slow")
+      ("algos,a", po::value(&algos)->default_value(algos), "comma-separated: flat-mpi, hierarchical-shm, hierarchical-mpi")
+      ("dtype,d", po::value(&out.dtype)->default_value("fp32"), "fp32 | fp16 | bf16 (data and wire)")
+      ("ranks-per-node,K", po::value(&out.ranks_per_node)->default_value(0),
+       "emulate nodes of K consecutive ranks (0: the shared-memory domains)")
+      ("check,c", po::value(&out.check)->default_value(true), "check every result against the exact sum (0: off)")
+      ("memcpy-bytes", po::value(&memcpy_text)->default_value("64M"), "size of the memcpy that measures memory bandwidth")
+      ("json", po::value(&out.json_path), "also write the rows as JSON to this file");
+  po::positional_options_description positional;
+  positional.add("what", 1);
+  out.help = parse("bench", args, visible, out.help_text, &positional);
+  if (out.help) return out;
+  MPT_REQUIRE(out.what == "allreduce",
+              out.what.empty() ? std::string("no benchmark named for `mptrain bench`")
+                               : "unknown benchmark '" + out.what + "' for `mptrain bench`",
+              "use `mptrain bench allreduce -b 8 -e 256M -f 2`");
+  out.min_bytes = parse_bytes(min_text, "--min-bytes (-b)");
+  out.max_bytes = parse_bytes(max_text, "--max-bytes (-e)");
+  out.memcpy_bytes = parse_bytes(memcpy_text, "--memcpy-bytes");
+  MPT_REQUIRE(out.min_bytes <= out.max_bytes, "--min-bytes (-b) is larger than --max-bytes (-e)",
+              "e.g. -b 8 -e 256M");
+  MPT_REQUIRE(out.step_factor > 1, "--step-factor (-f) must be > 1", "e.g. -f 2");
+  MPT_REQUIRE(out.iters >= 1 && out.rounds >= 1 && out.warmup_iters >= 0,
+              "--iters (-n) and --rounds (-r) must be >= 1 and --warmup-iters (-w) >= 0", "e.g. -n 20 -r 5 -w 2");
+  MPT_REQUIRE(out.ranks_per_node >= 0, "--ranks-per-node (-K) must be >= 0", "0 uses the nodes MPI reports");
+  MPT_REQUIRE(out.dtype == "fp32" || out.dtype == "fp16" || out.dtype == "bf16",
+              "--dtype (-d) has unknown dtype '" + out.dtype + "'", "use fp32, fp16 or bf16");
+  std::stringstream list(algos);
+  for (std::string algo; std::getline(list, algo, ',');) {
+    MPT_REQUIRE(algo == "flat-mpi" || algo == "hierarchical-shm" || algo == "hierarchical-mpi",
+                "--algos (-a) has unknown algorithm '" + algo + "'",
+                "use a comma-separated list of flat-mpi, hierarchical-shm, hierarchical-mpi");
+    out.algos.push_back(algo);
+  }
+  MPT_REQUIRE(!out.algos.empty(), "--algos (-a) is empty", "e.g. -a flat-mpi,hierarchical-shm");
   return out;
 }
 

@@ -68,6 +68,31 @@ struct PredictCommand {
 };
 PredictCommand parse_predict_command(const std::vector<std::string>& args);
 
+// `mptrain bench allreduce`: an nccl-tests style sweep (docs/perf.md, perf/allreduce.sh).
+struct BenchCommand {
+  bool help = false;
+  std::string help_text;
+  std::string what;                    // allreduce
+  std::int64_t min_bytes = 8;          // -b
+  std::int64_t max_bytes = 256 << 20;  // -e
+  double step_factor = 2;              // -f
+  int iters = 20;                      // -n: at most this many timed iterations per round
+  int rounds = 5;                      // -r: rounds per row, interleaving the algorithms
+  int warmup_iters = 2;                // -w
+  double row_seconds = 0.5;            // -t: fewer iterations where one takes long
+  std::vector<std::string> algos;      // -a: flat-mpi, hierarchical-shm, hierarchical-mpi
+  std::string dtype = "fp32";          // -d: fp32 | fp16 | bf16 (data and wire)
+  int ranks_per_node = 0;              // -K
+  bool check = true;                   // -c
+  std::int64_t memcpy_bytes = 64 << 20;
+  std::string json_path;               // --json
+};
+// Parses the arguments after `mptrain bench`. Sizes take K, M and G suffixes (powers of 1024).
+BenchCommand parse_bench_command(const std::vector<std::string>& args);
+// Runs the sweep on every rank; rank 0 prints the table (and writes JSON). Returns the exit
+// code: 1 when any row had wrong elements.
+int run_bench(const BenchCommand& command, const comm::World& world);
+
 // Runs mptrain with its full argument vector; returns the process exit code. Initialises and
 // finalises MPI and Kokkos.
 int run(int argc, char** argv);

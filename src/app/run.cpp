@@ -32,6 +32,7 @@ const char* kUsage =
     "  predict   run an exported model on a dataset\n"
     "  prepare   convert a dataset to mptrain's HDF5 layout (fashion-mnist | synthetic | npy | csv)\n"
     "  inspect   print what an HDF5 data or checkpoint file holds\n"
+    "  bench     benchmark a collective: `mptrain bench allreduce -b 8 -e 256M -f 2`\n"
     "\n"
     "`mptrain COMMAND --help` lists the options of a command. Options can also come from an\n"
     "INI file (--config FILE): `[optimizer] lr = 0.1` is `--optimizer.lr=0.1`; the command line wins.\n";
@@ -177,6 +178,16 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
     return 0;
   }
 
+  if (command == "bench") {
+    BenchCommand parsed;
+    world.run_agreed([&] { parsed = parse_bench_command(rest); });
+    if (parsed.help) {
+      print_help_once(parsed.help_text, world);
+      return 0;
+    }
+    return run_bench(parsed, world);
+  }
+
   if (command == "inspect") {
     if (rest.size() == 1 && (rest[0] == "--help" || rest[0] == "-h")) {
       print_help_once("usage: mptrain inspect FILE\n\nPrints what an mptrain data or checkpoint file (or any HDF5 file) holds:\n"
@@ -195,7 +206,7 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
 
   world.run_agreed([&] {
     throw_user_error("unknown command '" + command + "'",
-                     "commands are train, eval, export, predict, prepare and inspect; see `mptrain --help`");
+                     "commands are train, eval, export, predict, prepare, inspect and bench; see `mptrain --help`");
   });
   return 2;
 }
@@ -204,11 +215,23 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
 
 int run(int argc, char** argv) {
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  // SERIALIZED: the gradient all-reduce runs on comm::GradientReducer's thread while the main
+  // thread computes; the two never call MPI at the same time (docs/architecture.md).
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   set_process_identity(rank, size);
+  if (provided < MPI_THREAD_SERIALIZED) {
+    // Every rank gets the same answer from the library, so every rank stops here: no hang.
+    if (rank == 0)
+      std::fprintf(stderr, "%s\n", format_user_error(UserError(
+          "this MPI library provides thread level " + std::to_string(provided) +
+              ", mptrain needs MPI_THREAD_SERIALIZED (its gradient all-reduce runs on a thread)",
+          "use an MPI built with thread support (Open MPI, MPICH and Cray MPICH all are)")).c_str());
+    MPI_Finalize();
+    return comm::kExitUserError;
+  }
   hdf5_quiet();
   Kokkos::InitArguments kokkos_args;
   kokkos_args.disable_warnings = true;

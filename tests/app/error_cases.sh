@@ -154,4 +154,22 @@ MPTRAIN_FAULT=bogus expect_error "malformed MPTRAIN_FAULT" 2 "MPTRAIN_FAULT='bog
 expect_error "unknown precision" 2 "--train.precision 'fp8'" \
   train --data.train="$D/train.h5" --train.precision=fp8 --output.dir="$TMP/o"
 
+# [comm] options and `mptrain bench`.
+expect_error "unknown all-reduce algorithm" 2 "--comm.allreduce" \
+  train --data.train="$D/train.h5" --comm.allreduce=ring --output.dir="$TMP/o"
+expect_error "unknown intra-node backend" 2 "--comm.intra" \
+  train --data.train="$D/train.h5" --comm.intra=nvlink --output.dir="$TMP/o"
+expect_error "unknown wire dtype" 2 "--comm.wire-dtype" \
+  train --data.train="$D/train.h5" --comm.wire-dtype=fp8 --output.dir="$TMP/o"
+expect_error "negative ranks per node" 2 "--comm.ranks-per-node must be >= 0" \
+  train --data.train="$D/train.h5" --comm.ranks-per-node=-1 --output.dir="$TMP/o"
+expect_error "negative bucket size" 2 "--comm.bucket-mb" \
+  train --data.train="$D/train.h5" --comm.bucket-mb=-1 --output.dir="$TMP/o"
+expect_error "accumulate zero" 2 "--train.accumulate must be >= 1" \
+  train --data.train="$D/train.h5" --train.accumulate=0 --output.dir="$TMP/o"
+expect_error "unknown benchmark" 2 "unknown benchmark 'alltoall'" bench alltoall
+expect_error "bad bench size" 2 "--max-bytes (-e) has a bad size '12Q'" bench allreduce -e 12Q
+expect_error "unknown bench algorithm" 2 "--algos (-a) has unknown algorithm 'ring'" bench allreduce -a flat-mpi,ring
+expect_error "unknown bench option" 2 "unknown option '--sizes'" bench allreduce --sizes=4
+
 finish

@@ -21,13 +21,17 @@ python3 - "$TMP/run" "$NP" <<'PYEOF' && pass "metrics.jsonl and summary.json" ||
 import json, sys
 run, np = sys.argv[1], int(sys.argv[2])
 steps = [json.loads(l) for l in open(f"{run}/metrics.jsonl") if '"loss"' in l]
-for k in ("step", "epoch", "loss", "lr", "samples_per_s"):
+for k in ("step", "epoch", "loss", "lr", "samples_per_s", "comm_time_s", "exposed_comm_time_s"):
     assert all(k in s for s in steps), k
+assert all(s["comm_time_s"] >= 0 and s["exposed_comm_time_s"] >= 0 for s in steps), steps
+if np > 1:  # the gradients were all-reduced, so the communication thread spent time on them
+    assert sum(s["comm_time_s"] for s in steps) > 0, steps
 first, last = steps[0]["loss"], steps[-1]["loss"]
 assert last < 0.5 * first, (first, last)
 s = json.load(open(f"{run}/summary.json"))
 for k in ("world_size", "global_batch", "epochs", "steps", "final_train_loss", "test_accuracy",
-          "samples_per_s", "wall_s"):
+          "samples_per_s", "wall_s", "comm_time_s", "exposed_comm_time_s", "exposed_comm_fraction",
+          "allreduce", "buckets", "accumulate"):
     assert k in s, k
 assert s["world_size"] == np and s["global_batch"] == 32 * np, s
 assert s["steps"] == 2 * (4096 // (32 * np)), s

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# All-reduce bandwidth: `mptrain bench allreduce` (nccl-tests style) for flat-mpi (Open MPI's
+# MPI_Allreduce), hierarchical-shm and hierarchical-mpi on 2 and 4 ranks, as one node and as
+# emulated nodes (--ranks-per-node), then the Markdown tables of docs/perf.md: busbw per size, the
+# ratio hierarchical-shm / flat-mpi, and each busbw as a share of the same run's memcpy bandwidth.
+set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+Usage: perf/allreduce.sh [options] [BUILD_DIR]
+
+  -b, --min-bytes S   smallest message (default 4K)
+  -e, --max-bytes S   largest message (default 256M)
+  -c, --configs "..." rank-count:ranks-per-node pairs (default "2:0 2:1 4:0 4:2 4:1";
+                      ranks-per-node 0 = one node, as MPI reports it)
+  -t, --row-seconds T time budget per row (default 0.5)
+  -o, --out DIR       keep the JSON of every configuration here (default a temporary directory)
+  -h, --help          show this help
+BUILD_DIR defaults to build/release (the mptrain binary sits at its top).
+USAGE
+}
+
+min_bytes=4K
+max_bytes=256M
+configs="2:0 2:1 4:0 4:2 4:1"
+row_seconds=0.5
+out=""
+build=build/release
+need() { [[ $2 -ge 2 ]] || { echo "allreduce.sh: $1 needs a value" >&2; exit 2; }; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -b|--min-bytes) need "$1" $#; min_bytes=$2; shift 2 ;;
+    -e|--max-bytes) need "$1" $#; max_bytes=$2; shift 2 ;;
+    -c|--configs) need "$1" $#; configs=$2; shift 2 ;;
+    -t|--row-seconds) need "$1" $#; row_seconds=$2; shift 2 ;;
+    -o|--out) need "$1" $#; out=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    -*) echo "allreduce.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
+    *) build=$1; shift ;;
+  esac
+done
+bin=$build/mptrain
+[[ -x $bin ]] || { echo "allreduce.sh: no binary at $bin (hint: cmake --build --preset release, or pass BUILD_DIR)" >&2; exit 2; }
+[[ -n $out ]] || out=$(mktemp -d)
+mkdir -p "$out"
+export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1} OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
+
+for config in $configs; do
+  ranks=${config%%:*}
+  per_node=${config##*:}
+  echo "== $ranks ranks, ranks-per-node $per_node" >&2
+  # --oversubscribe only where it is needed: with it Open MPI binds no rank to a core, and a
+  # rank that migrates loses its cache (on 2 ranks the shm path measured 2-3x slower).
+  over=()
+  [[ $ranks -le $(nproc) ]] || over=(--oversubscribe)
+  mpiexec -n "$ranks" "${over[@]}" "$bin" bench allreduce -b "$min_bytes" -e "$max_bytes" -f 2 \
+    -t "$row_seconds" -K "$per_node" --json "$out/n${ranks}_k${per_node}.json" >&2
+done
+
+python3 - "$out" $configs <<'PY'
+import json, sys
+out, configs = sys.argv[1], sys.argv[2:]
+def human(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:g} {unit}"
+        n /= 1024
+runs = {}
+for config in configs:
+    ranks, per_node = config.split(":")
+    runs[config] = json.load(open(f"{out}/n{ranks}_k{per_node}.json"))
+print("| ranks | nodes | size | flat-mpi busbw GB/s | hierarchical-mpi | hierarchical-shm | shm / flat-mpi | shm / memcpy |")
+print("|---|---|---|---|---|---|---|---|")
+worst = {}
+for config, run in runs.items():
+    by = {}
+    for row in run["rows"]:
+        by.setdefault(row["size"], {})[row["algo"]] = row
+    memcpy = run["memcpy_gbps_alone"]
+    for size in sorted(by):
+        row = by[size]
+        flat, shm, mpi = (row.get(a, {}).get("busbw", float("nan")) for a in ("flat-mpi", "hierarchical-shm", "hierarchical-mpi"))
+        if size >= 1 << 20 and flat > 0:
+            worst[config] = min(worst.get(config, 1e9), shm / flat)
+        if size < 1 << 20 and size != 4096 and size != 65536:
+            continue
+        ratio = shm / flat if flat > 0 else float("nan")
+        print(f"| {run['ranks']} | {run['nodes']} | {human(size)} | {flat:.2f} | {mpi:.2f} | {shm:.2f} | {ratio:.2f}x | {100 * shm / memcpy:.0f} % |")
+print()
+for config, run in runs.items():
+    wrong = sum(r["wrong"] for r in run["rows"])
+    print(f"- {run['ranks']} ranks, {run['nodes']} node(s): memcpy {run['memcpy_gbps_alone']:.2f} GB/s alone, "
+          f"{run['memcpy_gbps_all_ranks']:.2f} GB/s per rank all at once; smallest shm/flat-mpi at >= 1 MiB: "
+          f"{worst.get(config, float('nan')):.2f}x; wrong elements: {wrong}")
+PY
