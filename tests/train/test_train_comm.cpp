@@ -2,15 +2,14 @@
 // all-reduces, bucketed or not, reach the same weights; gradient accumulation over K
 // micro-batches equals one K-times larger batch; sync BN's reductions share the reducer thread.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 
 #include "comm/comm.hpp"
 #include "data/data.hpp"
+#include "tests/train/suite_data.hpp"
 #include "train/train.hpp"
 
 namespace mpt::train {
@@ -19,30 +18,8 @@ namespace {
 // A small learnable dataset that rank 0 writes once into a directory all ranks share.
 class TrainComm : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    long id = getpid();
-    MPI_Bcast(&id, 1, MPI_LONG, 0, MPI_COMM_WORLD);
-    dir_ = (std::filesystem::temp_directory_path() / ("mpt-train-comm-" + std::to_string(id)))
-               .string();
-    if (rank == 0) {
-      data::SyntheticSpec spec;
-      spec.train_samples = 1024;
-      spec.test_samples = 64;
-      spec.sample_shape = {1, 8, 8};
-      spec.num_classes = 4;
-      spec.seed = 7;
-      data::prepare_synthetic(spec, dir_);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
-  }
-  static void TearDownTestSuite() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank == 0) std::filesystem::remove_all(dir_);
-  }
+  static void SetUpTestSuite() { dir_ = suite::make_suite_data("mpt-train-comm-", 64, 7); }
+  static void TearDownTestSuite() { suite::remove_suite_data(dir_); }
   static RunConfig config(std::int64_t batch, std::int64_t steps) {
     RunConfig c;
     c.data.train_path = dir_ + "/train.h5";
