@@ -83,8 +83,9 @@ struct Row {
   int iters;
 };
 
-comm::AllreduceConfig config_for(const std::string& algo, DType dtype) {
+comm::AllreduceConfig config_for(const std::string& algo, DType dtype, std::int64_t segment_bytes) {
   comm::AllreduceConfig config;
+  config.shm_segment_bytes = segment_bytes;
   config.algorithm = algo == "flat-mpi" ? comm::Algorithm::flat_mpi : comm::Algorithm::hierarchical;
   config.intra = algo == "hierarchical-mpi" ? comm::IntraBackend::mpi : comm::IntraBackend::shm;
   config.wire = dtype;
@@ -142,7 +143,7 @@ int run_bench(const BenchCommand& command, const comm::World& world) {
   // that every size can measure the algorithms side by side.
   std::vector<std::unique_ptr<comm::Allreducer>> sums, averages;
   for (const auto& algo : command.algos) {
-    comm::AllreduceConfig checked = config_for(algo, dtype);
+    comm::AllreduceConfig checked = config_for(algo, dtype, command.shm_segment_bytes);
     comm::AllreduceConfig timed = checked;
     timed.postscale = 1.0f / static_cast<float>(size);
     sums.push_back(std::make_unique<comm::Allreducer>(topology, checked));

@@ -316,7 +316,7 @@ std::int64_t parse_bytes(const std::string& text, const std::string& option) {
 
 BenchCommand parse_bench_command(const std::vector<std::string>& args) {
   BenchCommand out;
-  std::string min_text = "8", max_text = "256M", memcpy_text = "64M", algos = "flat-mpi,hierarchical-shm,hierarchical-mpi";
+  std::string min_text = "8", max_text = "256M", memcpy_text = "64M", segment_text = "1M", algos = "flat-mpi,hierarchical-shm,hierarchical-mpi";
   po::options_description visible("bench allreduce", kHelpWidth, kHelpWidth / 2);
   visible.add_options()
       ("what", po::value(&out.what), "allreduce")
@@ -335,6 +335,8 @@ BenchCommand parse_bench_command(const std::vector<std::string>& args) {
        "emulate nodes of K consecutive ranks (0: the shared-memory domains)")
       ("check,c", po::value(&out.check)->default_value(true), "check every result against the exact sum (0: off)")
       ("memcpy-bytes", po::value(&memcpy_text)->default_value("64M"), "size of the memcpy that measures memory bandwidth")
+      ("shm-segment", po::value(&segment_text)->default_value("1M"),
+       "the shm backend's segment per rank (a message goes through in chunks of half of it)")
       ("json", po::value(&out.json_path), "also write the rows as JSON to this file");
   po::positional_options_description positional;
   positional.add("what", 1);
@@ -347,6 +349,8 @@ BenchCommand parse_bench_command(const std::vector<std::string>& args) {
   out.min_bytes = parse_bytes(min_text, "--min-bytes (-b)");
   out.max_bytes = parse_bytes(max_text, "--max-bytes (-e)");
   out.memcpy_bytes = parse_bytes(memcpy_text, "--memcpy-bytes");
+  out.shm_segment_bytes = parse_bytes(segment_text, "--shm-segment");
+  MPT_REQUIRE(out.shm_segment_bytes >= 256, "--shm-segment is below 256 bytes", "e.g. --shm-segment 1M");
   MPT_REQUIRE(out.min_bytes <= out.max_bytes, "--min-bytes (-b) is larger than --max-bytes (-e)",
               "e.g. -b 8 -e 256M");
   MPT_REQUIRE(out.step_factor > 1, "--step-factor (-f) must be > 1", "e.g. -f 2");

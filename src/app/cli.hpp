@@ -85,6 +85,7 @@ struct BenchCommand {
   int ranks_per_node = 0;              // -K
   bool check = true;                   // -c
   std::int64_t memcpy_bytes = 64 << 20;
+  std::int64_t shm_segment_bytes = 1 << 20;  // the shm backend's segment per rank
   std::string json_path;               // --json
 };
 // Parses the arguments after `mptrain bench`. Sizes take K, M and G suffixes (powers of 1024).
