@@ -139,7 +139,7 @@ po::options_description train_options(TrainCommand& out) {
       ("comm.first-bucket-mb", po::value(&run.comm.first_bucket_mb)->default_value(1, "1"),
        "size of the first bucket (the last layers' gradients) in MiB")
       ("comm.wire-dtype", po::value(&run.comm.wire_dtype)->default_value("auto"),
-       "auto (the gradients' dtype) | fp32 | fp16 | bf16: what gradients travel as (16-bit: pre-scaled by 1/N)");
+       "auto (the gradients' dtype) | fp32 | fp16 | bf16: what gradients travel and are summed as");
   po::options_description output("[output] and [checkpoint]", kHelpWidth, kHelpWidth / 2);
   output.add_options()
       ("output.dir", po::value(&run.output_dir)->default_value("runs/latest")->implicit_value(""), "metrics.jsonl and summary.json go here")
@@ -156,7 +156,8 @@ po::options_description train_options(TrainCommand& out) {
 // Parses ARGS against VISIBLE plus --help/--config, then the config file; the command line wins.
 bool parse(const std::string& command, const std::vector<std::string>& args,
            const po::options_description& visible, std::string& help_text,
-           const po::positional_options_description* positional = nullptr) {
+           const po::positional_options_description* positional = nullptr,
+           const char* usage = nullptr) {
   std::string config_path;
   po::options_description generic("general", kHelpWidth, kHelpWidth / 2);
   generic.add_options()("help,h", "print this help")("config", po::value(&config_path),
@@ -164,7 +165,8 @@ bool parse(const std::string& command, const std::vector<std::string>& args,
   po::options_description cli(kHelpWidth, kHelpWidth / 2);
   cli.add(generic).add(visible);
   std::ostringstream help;
-  help << "usage: mptrain " << command << " [--config FILE] [--section.key=value ...]\n" << cli;
+  if (usage) help << usage << "\n" << cli;
+  else help << "usage: mptrain " << command << " [--config FILE] [--section.key=value ...]\n" << cli;
   help_text = help.str();
 
   // Boost rejects `--key=` with nothing after it; users write that to clear a path option
@@ -319,7 +321,7 @@ BenchCommand parse_bench_command(const std::vector<std::string>& args) {
   std::string min_text = "8", max_text = "256M", memcpy_text = "64M", segment_text = "1M", algos = "flat-mpi,hierarchical-shm,hierarchical-mpi";
   po::options_description visible("bench allreduce", kHelpWidth, kHelpWidth / 2);
   visible.add_options()
-      ("what", po::value(&out.what), "allreduce")
+      ("what", po::value(&out.what), "the benchmark, given first: allreduce")
       ("min-bytes,b", po::value(&min_text)->default_value("8"), "smallest message (K, M, G suffixes)")
       ("max-bytes,e", po::value(&max_text)->default_value("256M"), "largest message")
       ("step-factor,f", po::value(&out.step_factor)->default_value(2, "2"), "size multiplier between rows")
@@ -340,7 +342,10 @@ BenchCommand parse_bench_command(const std::vector<std::string>& args) {
       ("json", po::value(&out.json_path), "also write the rows as JSON to this file");
   po::positional_options_description positional;
   positional.add("what", 1);
-  out.help = parse("bench", args, visible, out.help_text, &positional);
+  out.help = parse("bench", args, visible, out.help_text, &positional,
+                   "usage: mpiexec -n N mptrain bench allreduce [-b 8] [-e 256M] [-f 2] [-a ALGOS] [-K K] "
+                   "[--json FILE] ...\n\nAll-reduce bandwidth in the style of nccl-tests: every row is "
+                   "checked, busbw = algbw x 2(N-1)/N.");
   if (out.help) return out;
   MPT_REQUIRE(out.what == "allreduce",
               out.what.empty() ? std::string("no benchmark named for `mptrain bench`")
