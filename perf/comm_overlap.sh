@@ -3,6 +3,7 @@
 # Fashion-MNIST, exposed_comm_time / comm_time from summary.json with the default buckets
 # (25 MiB, first 1 MiB), with small buckets, and with --comm.bucket-mb=0 (one bucket after
 # backward), plus the step time, so that a better ratio can be checked against a faster step.
+# Every run passes --comm.overlap=on (auto turns overlap off where ranks fill their cores).
 set -euo pipefail
 
 usage() {
@@ -83,7 +84,7 @@ for model in $models; do
     # shellcheck disable=SC2086  # EXTRA and LAUNCH are lists of options
     nice -n 5 mpiexec -n "$ranks" --oversubscribe $launch "$mptrain" train --data.train="$data/train.h5" \
       --model.name="$model" --train.batch-size="$batch" --train.max-steps="$steps" \
-      --train.epochs=100 --train.log-every="$steps" --comm.bucket-mb="$mb" $extra \
+      --train.epochs=100 --train.log-every="$steps" --comm.bucket-mb="$mb" --comm.overlap=on $extra \
       --output.dir="$dir" --checkpoint.dir= >"$dir.log" 2>&1 ||
       { echo "comm_overlap: run failed, see below" >&2; cat "$dir.log" >&2; exit 1; }
     python3 - "$dir/summary.json" "$model" "$mb" <<'PY'

@@ -139,7 +139,10 @@ po::options_description train_options(TrainCommand& out) {
       ("comm.first-bucket-mb", po::value(&run.comm.first_bucket_mb)->default_value(1, "1"),
        "size of the first bucket (the last layers' gradients) in MiB")
       ("comm.wire-dtype", po::value(&run.comm.wire_dtype)->default_value("auto"),
-       "auto (the gradients' dtype) | fp32 | fp16 | bf16: what gradients travel and are summed as");
+       "auto (the gradients' dtype) | fp32 | fp16 | bf16: what gradients travel and are summed as")
+      ("comm.overlap", po::value(&run.comm.overlap)->default_value("auto"),
+       "auto (on where every rank has a core beyond its compute threads) | on (buckets go out while "
+       "backward runs) | off (after backward)");
   po::options_description output("[output] and [checkpoint]", kHelpWidth, kHelpWidth / 2);
   output.add_options()
       ("output.dir", po::value(&run.output_dir)->default_value("runs/latest")->implicit_value(""), "metrics.jsonl and summary.json go here")
@@ -245,6 +248,8 @@ TrainCommand parse_train_command(const std::string& command, const std::vector<s
               "0 uses the nodes MPI reports; K groups K consecutive ranks");
   MPT_REQUIRE(comm.bucket_mb >= 0 && comm.first_bucket_mb >= 0,
               "--comm.bucket-mb and --comm.first-bucket-mb must be >= 0", "e.g. --comm.bucket-mb=25");
+  MPT_REQUIRE(comm.overlap == "auto" || comm.overlap == "on" || comm.overlap == "off",
+              "--comm.overlap: unknown value '" + comm.overlap + "'", "use auto, on or off");
   MPT_REQUIRE(out.run.loop.accumulate >= 1, "--train.accumulate must be >= 1",
               "1 updates after every batch; K averages K micro-batches per update");
   if (command == "eval" && out.checkpoint.empty()) out.checkpoint = out.run.checkpoint_dir;

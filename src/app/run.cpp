@@ -37,7 +37,8 @@ const char* kUsage =
     "`mptrain COMMAND --help` lists the options of a command. Options can also come from an\n"
     "INI file (--config FILE): `[optimizer] lr = 0.1` is `--optimizer.lr=0.1`; the command line wins.\n";
 
-void apply_runtime(const RuntimeConfig& runtime, const comm::World& world) {
+// Sets the compute threads (and the matmul library); returns the number of compute threads.
+int apply_runtime(const RuntimeConfig& runtime, const comm::World& world) {
   int threads = runtime.threads;
   if (threads == 0 && std::getenv("OMP_NUM_THREADS") == nullptr) {
     // Ranks on one node share its cores; oversubscribing them is the commonest CPU slowdown.
@@ -53,6 +54,19 @@ void apply_runtime(const RuntimeConfig& runtime, const comm::World& world) {
                 "rebuild with libdnnl-dev installed, or use --kernels.matmul=blas");
     kernels::set_matmul_backend(kernels::MatmulBackend::dnnl);
   }
+  return threads;
+}
+
+// --comm.overlap=auto: buckets overlap backward only where every rank has a core beyond its
+// compute threads. The all-reduce is CPU work; on a rank whose threads fill its cores, the
+// communication thread takes turns with compute and the step gets slower (docs/perf.md). One
+// MAX reduction, so that every rank decides alike (the order of sync BN's collectives among
+// the buckets depends on it).
+void resolve_overlap(comm::CommOptions& comm, int threads, const comm::World& world) {
+  if (comm.overlap != "auto") return;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const double no_spare_core = cores / world.local_size() > threads ? 0 : 1;
+  comm.overlap = world.max(no_spare_core) > 0 ? "off" : "on";
 }
 
 void print_help_once(const std::string& text, const comm::World& world) {
@@ -73,15 +87,17 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
 
   if (command == "train" || command == "eval") {
     TrainCommand parsed;
+    int threads = 1;
     world.run_agreed([&] {
       parsed = parse_train_command(command, rest);
-      if (!parsed.help) apply_runtime(parsed.runtime, world);
+      if (!parsed.help) threads = apply_runtime(parsed.runtime, world);
     });
     if (parsed.help) {
       print_help_once(parsed.help_text, world);
       return 0;
     }
     if (command == "train") {
+      resolve_overlap(parsed.run.comm, threads, world);
       if (const char* fault = std::getenv("MPTRAIN_FAULT")) parsed.run.fault = fault;
       train::run_training(parsed.run, world);
       return 0;

@@ -23,6 +23,9 @@ struct CommOptions {
   double bucket_mb = 25;            // gradient bucket size; 0: one bucket after backward
   double first_bucket_mb = 1;       // the first bucket (the last layers' gradients)
   std::string wire_dtype = "auto";  // auto (the gradients' dtype) | fp32 | fp16 | bf16
+  // on: buckets go out while backward runs; off: all at the end of backward. The trainer takes
+  // auto as on; `mptrain train` resolves it first (on only where every rank has a spare core).
+  std::string overlap = "auto";
 };
 
 enum class Algorithm { flat_mpi, hierarchical };

@@ -154,6 +154,8 @@ void validate(const RunConfig& config) {
   MPT_REQUIRE(config.loop.max_steps >= 0, "--train.max-steps must be >= 0",
               "0 means no limit besides --train.epochs");
   MPT_REQUIRE(config.loop.log_every > 0, "--train.log-every must be positive", "e.g. 50");
+  MPT_REQUIRE(config.comm.overlap == "auto" || config.comm.overlap == "on" || config.comm.overlap == "off",
+              "--comm.overlap: unknown value '" + config.comm.overlap + "'", "use auto, on or off");
   MPT_REQUIRE(config.loop.accumulate >= 1, "--train.accumulate must be >= 1",
               "1 updates after every batch; K averages K micro-batches per update");
   MPT_REQUIRE(config.comm.ranks_per_node >= 0, "--comm.ranks-per-node must be >= 0",
@@ -402,6 +404,7 @@ TrainSummary Trainer::run() {
   state_->reducer.emplace(topology, allreduce, model->grads(), model->param_offsets(),
                           mib(config.comm.bucket_mb), mib(config.comm.first_bucket_mb));
   comm::GradientReducer& reducer = *state_->reducer;
+  const bool overlap = config.comm.overlap != "off";  // auto, for a library caller: on
 
   if (root) {
     std::printf("mptrain %s: %d rank(s), model %s (%lld parameters), batch %lld per rank, global %lld, "
@@ -423,6 +426,7 @@ TrainSummary Trainer::run() {
       std::printf(" (%g MiB, first %g MiB)", config.comm.bucket_mb, config.comm.first_bucket_mb);
     else
       std::printf(" (one bucket after backward)");
+    std::printf(", overlap %s", overlap ? "on" : "off (buckets after backward)");
     std::printf("\n");
     if (config.model.print) std::printf("%s", model->summary().c_str());
     std::fflush(stdout);
@@ -596,7 +600,7 @@ TrainSummary Trainer::run() {
         // a rank's loss.
         const bool run_backward = loss_finite || config.model.sync_bn;
         // One bucket goes at wait() anyway: no hook, so backward keeps its single dW GEMMs.
-        const bool hooked = last_micro && run_backward && reducer.num_buckets() > 1;
+        const bool hooked = last_micro && run_backward && overlap && reducer.num_buckets() > 1;
         const bool must_poison =
             (!loss_finite && skip_nonfinite_loss) || (last_micro && inject_nan);
         if (last_micro) {
@@ -633,6 +637,11 @@ TrainSummary Trainer::run() {
         window[1] += static_cast<double>(stats.correct);
         window[2] += static_cast<double>(batch);
         ++micro_step;
+      }
+      if (fail_in_comm) {  // not injected by the hook (overlap off): after the first bucket
+        fail_in_comm = false;
+        reducer.ready_from(reducer.bucket(0).begin);
+        reducer.run_collective(injected_comm_failure);
       }
       reducer.wait();
       window_comm += reducer.last_comm_seconds();

@@ -31,10 +31,16 @@ expect_comm_fault() {
 }
 
 for kind in comm-error comm-crash; do
-  expect_comm_fault "$kind, 2 ranks, flat-mpi" $kind 2 --comm.allreduce=flat-mpi
-  expect_comm_fault "$kind, 4 ranks, hierarchical shm, 2 nodes" $kind 4 --comm.allreduce=hierarchical --comm.intra=shm --comm.ranks-per-node=2
-  expect_comm_fault "$kind, 3 ranks, hierarchical mpi, uneven nodes" $kind 3 --comm.allreduce=hierarchical --comm.intra=mpi --comm.ranks-per-node=2
+  expect_comm_fault "$kind, 2 ranks, flat-mpi" $kind 2 --comm.allreduce=flat-mpi --comm.overlap=on
+  expect_comm_fault "$kind, 4 ranks, hierarchical shm, 2 nodes" $kind 4 --comm.allreduce=hierarchical \
+    --comm.intra=shm --comm.ranks-per-node=2 --comm.overlap=on
+  expect_comm_fault "$kind, 3 ranks, hierarchical mpi, uneven nodes" $kind 3 --comm.allreduce=hierarchical \
+    --comm.intra=mpi --comm.ranks-per-node=2 --comm.overlap=on
 done
-expect_comm_fault "comm-error, 2 ranks, hierarchical shm, one node, fp16 wire" comm-error 2 --comm.allreduce=hierarchical --comm.wire-dtype=fp16
+# Without overlap the buckets go out after backward; the fault strikes after the first one.
+expect_comm_fault "comm-error, 2 ranks, hierarchical shm, one node, fp16 wire, overlap off" comm-error 2 \
+  --comm.allreduce=hierarchical --comm.wire-dtype=fp16 --comm.overlap=off
+expect_comm_fault "comm-crash, 4 ranks, hierarchical shm, 2 nodes, overlap off" comm-crash 4 \
+  --comm.allreduce=hierarchical --comm.ranks-per-node=2 --comm.overlap=off
 
 finish

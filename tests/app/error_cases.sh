@@ -165,6 +165,8 @@ expect_error "negative ranks per node" 2 "--comm.ranks-per-node must be >= 0" \
   train --data.train="$D/train.h5" --comm.ranks-per-node=-1 --output.dir="$TMP/o"
 expect_error "negative bucket size" 2 "--comm.bucket-mb" \
   train --data.train="$D/train.h5" --comm.bucket-mb=-1 --output.dir="$TMP/o"
+expect_error "unknown overlap value" 2 "--comm.overlap: unknown value 'maybe'" \
+  train --data.train="$D/train.h5" --comm.overlap=maybe --output.dir="$TMP/o"
 expect_error "accumulate zero" 2 "--train.accumulate must be >= 1" \
   train --data.train="$D/train.h5" --train.accumulate=0 --output.dir="$TMP/o"
 expect_error "unknown benchmark" 2 "unknown benchmark 'alltoall'" bench alltoall
