@@ -161,6 +161,14 @@ struct Case {
   int ranks_per_node;
 };
 
+// The case's algorithm over TOPOLOGY, with shm inside nodes where the ranks share memory.
+AllreduceConfig config_for(const Case& c, const Topology& topology) {
+  AllreduceConfig config;
+  config.algorithm = c.algorithm;
+  config.intra = topology.shm_capable() ? IntraBackend::shm : IntraBackend::mpi;
+  return config;
+}
+
 class ReducerCases : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ReducerCases, BucketedEqualsOneFlatAllreduceForAnyBucketSize) {
@@ -169,9 +177,7 @@ TEST_P(ReducerCases, BucketedEqualsOneFlatAllreduceForAnyBucketSize) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   Topology topology(MPI_COMM_WORLD, c.ranks_per_node);
-  AllreduceConfig config;
-  config.algorithm = c.algorithm;
-  config.intra = topology.shm_capable() ? IntraBackend::shm : IntraBackend::mpi;
+  AllreduceConfig config = config_for(c, topology);
 
   // The reference: one flat MPI_Allreduce of the whole buffer.
   std::vector<float> expected(kCount);
@@ -246,9 +252,7 @@ TEST_P(ReducerCases, CutParametersLaunchOnlyOnceFinal) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   Topology topology(MPI_COMM_WORLD, c.ranks_per_node);
-  AllreduceConfig config;
-  config.algorithm = c.algorithm;
-  config.intra = topology.shm_capable() ? IntraBackend::shm : IntraBackend::mpi;
+  AllreduceConfig config = config_for(c, topology);
   const std::vector<std::int64_t> offsets{0, 7, 60000, 60005};
   const std::int64_t count = 100000, block = 4999;  // blocks straddle the bucket edges
   std::vector<float> expected(count);
@@ -284,9 +288,7 @@ TEST_P(ReducerCases, WaitWithoutBackwardReducesEverything) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   Topology topology(MPI_COMM_WORLD, c.ranks_per_node);
-  AllreduceConfig config;
-  config.algorithm = c.algorithm;
-  config.intra = topology.shm_capable() ? IntraBackend::shm : IntraBackend::mpi;
+  AllreduceConfig config = config_for(c, topology);
   Tensor grads({kCount}, DType::f32);
   GradientReducer reducer(topology, config, grads, kOffsets, 1, 1);
   std::vector<float> expected(kCount);
