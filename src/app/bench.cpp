@@ -112,7 +112,8 @@ int run_bench(const BenchCommand& command, const comm::World& world) {
   world.barrier();
   const double memcpy_alone = root ? memcpy_bandwidth(command.memcpy_bytes) : 0;
   world.barrier();
-  const double memcpy_all = world.max(-memcpy_bandwidth(command.memcpy_bytes)) * -1;  // the slowest rank
+  // The slowest rank's: the minimum, as a maximum of negated values (World has no min).
+  const double memcpy_all = -world.max(-memcpy_bandwidth(command.memcpy_bytes));
 
   std::vector<std::int64_t> sizes;
   for (double bytes = static_cast<double>(command.min_bytes); bytes <= static_cast<double>(command.max_bytes);
