@@ -3,6 +3,8 @@
 # MPI_Allreduce), hierarchical-shm and hierarchical-mpi on 2 and 4 ranks, as one node and as
 # emulated nodes (--ranks-per-node), then the Markdown tables of docs/perf.md: busbw per size, the
 # ratio hierarchical-shm / flat-mpi, and each busbw as a share of the same run's memcpy bandwidth.
+# A second table sets hierarchical-shm on emulated nodes against one node in the same run
+# (`-a hierarchical-shm,hierarchical-shm@K`: interleaved rounds, so the ratio is side by side).
 set -euo pipefail
 
 usage() {
@@ -13,6 +15,8 @@ Usage: perf/allreduce.sh [options] [BUILD_DIR]
   -e, --max-bytes S   largest message (default 256M)
   -c, --configs "..." rank-count:ranks-per-node pairs (default "2:0 2:1 4:0 4:2 4:1";
                       ranks-per-node 0 = one node, as MPI reports it)
+  -E, --emulated "..." rank-count:ranks-per-node pairs for the side-by-side table of emulated
+                      nodes against one node (default "2:1 4:2"; "" skips it)
   -t, --row-seconds T time budget per row (default 0.5)
   -o, --out DIR       keep the JSON of every configuration here (default a temporary directory)
   -h, --help          show this help
@@ -23,6 +27,7 @@ USAGE
 min_bytes=4K
 max_bytes=256M
 configs="2:0 2:1 4:0 4:2 4:1"
+emulated="2:1 4:2"
 row_seconds=0.5
 out=""
 build=build/release
@@ -32,6 +37,7 @@ while [[ $# -gt 0 ]]; do
     -b|--min-bytes) need "$1" $#; min_bytes=$2; shift 2 ;;
     -e|--max-bytes) need "$1" $#; max_bytes=$2; shift 2 ;;
     -c|--configs) need "$1" $#; configs=$2; shift 2 ;;
+    -E|--emulated) need "$1" $#; emulated=$2; shift 2 ;;
     -t|--row-seconds) need "$1" $#; row_seconds=$2; shift 2 ;;
     -o|--out) need "$1" $#; out=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -57,9 +63,20 @@ for config in $configs; do
     -t "$row_seconds" -K "$per_node" --json "$out/n${ranks}_k${per_node}.json" >&2
 done
 
-python3 - "$out" $configs <<'PY'
+for pair in $emulated; do
+  ranks=${pair%%:*}
+  per_node=${pair##*:}
+  echo "== $ranks ranks: one node against nodes of $per_node, side by side" >&2
+  over=()
+  [[ $ranks -le $(nproc) ]] || over=(--oversubscribe)
+  mpiexec -n "$ranks" "${over[@]}" "$bin" bench allreduce -b "$min_bytes" -e "$max_bytes" -f 2 \
+    -t "$row_seconds" -K 0 -a "hierarchical-shm,hierarchical-shm@$per_node" \
+    --json "$out/e${ranks}_k${per_node}.json" >&2
+done
+
+python3 - "$out" "$emulated" $configs <<'PY'
 import json, sys
-out, configs = sys.argv[1], sys.argv[2:]
+out, emulated, configs = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 def human(n):
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -92,4 +109,23 @@ for config, run in runs.items():
     print(f"- {run['ranks']} ranks, {run['nodes']} node(s): memcpy {run['memcpy_gbps_alone']:.2f} GB/s alone, "
           f"{run['memcpy_gbps_all_ranks']:.2f} GB/s per rank all at once; smallest shm/flat-mpi at >= 1 MiB: "
           f"{worst.get(config, float('nan')):.2f}x; wrong elements: {wrong}")
+if emulated:
+    print()
+    print("| ranks | nodes | size | one node: hierarchical-shm busbw GB/s | emulated nodes | emulated / one node |")
+    print("|---|---|---|---|---|---|")
+    for pair in emulated:
+        ranks, per_node = pair.split(":")
+        run = json.load(open(f"{out}/e{ranks}_k{per_node}.json"))
+        by = {}
+        for row in run["rows"]:
+            by.setdefault(row["size"], {})[row["algo"]] = row["busbw"]
+        ratios = []
+        for size in sorted(by):
+            one, emu = by[size].get("hierarchical-shm", float("nan")), by[size].get(f"hierarchical-shm@{per_node}", float("nan"))
+            if size < 1 << 20:
+                continue
+            ratios.append(emu / one)
+            nodes = -(-int(ranks) // int(per_node))
+            print(f"| {ranks} | {nodes} of {per_node} | {human(size)} | {one:.2f} | {emu:.2f} | {emu / one:.2f}x |")
+        print(f"| {ranks} | | 1 MiB and up | | | {min(ratios):.2f}-{max(ratios):.2f}x, median {sorted(ratios)[len(ratios) // 2]:.2f}x |")
 PY

@@ -83,9 +83,11 @@ struct Row {
   int iters;
 };
 
-comm::AllreduceConfig config_for(const std::string& algo, DType dtype, std::int64_t segment_bytes) {
+comm::AllreduceConfig config_for(const std::string& algo, DType dtype,
+                                 const BenchCommand& command) {
   comm::AllreduceConfig config;
-  config.shm_segment_bytes = segment_bytes;
+  config.shm_segment_bytes = command.shm_segment_bytes;
+  config.rail_batch_bytes = command.rail_batch_bytes;
   config.algorithm = algo == "flat-mpi" ? comm::Algorithm::flat_mpi : comm::Algorithm::hierarchical;
   config.intra = algo == "hierarchical-mpi" ? comm::IntraBackend::mpi : comm::IntraBackend::shm;
   config.wire = dtype;
@@ -97,14 +99,25 @@ comm::AllreduceConfig config_for(const std::string& algo, DType dtype, std::int6
 int run_bench(const BenchCommand& command, const comm::World& world) {
   const DType dtype = dtype_from_name(command.dtype, "--dtype");
   const std::int64_t element_size = static_cast<std::int64_t>(dtype_size(dtype));
-  comm::Topology topology(world.handle(), command.ranks_per_node);
+  // One topology per ranks-per-node in use (-K's, and any ALGO@K's), built collectively in the
+  // order of first use, the same on every rank.
+  std::map<int, std::unique_ptr<comm::Topology>> topologies;
+  for (const int k : command.algo_ranks_per_node)
+    if (!topologies.count(k)) topologies[k] = std::make_unique<comm::Topology>(world.handle(), k);
+  if (!topologies.count(command.ranks_per_node))
+    topologies[command.ranks_per_node] =
+        std::make_unique<comm::Topology>(world.handle(), command.ranks_per_node);
+  const comm::Topology& topology = *topologies.at(command.ranks_per_node);
   const int size = topology.size();
   const bool root = topology.rank() == 0;
   world.run_agreed([&] {
-    for (const auto& algo : command.algos)
-      MPT_REQUIRE(algo != "hierarchical-shm" || topology.shm_capable(),
-                  "--algos (-a) hierarchical-shm: the ranks of an emulated node do not share memory",
-                  "choose --ranks-per-node (-K) so that each group lies on one host, or use hierarchical-mpi");
+    for (std::size_t a = 0; a < command.algos.size(); ++a)
+      MPT_REQUIRE(command.algos[a].rfind("hierarchical-shm", 0) != 0 ||
+                      topologies.at(command.algo_ranks_per_node[a])->shm_capable(),
+                  "--algos (-a) " + command.algos[a] +
+                      ": the ranks of an emulated node do not share memory",
+                  "choose ranks per node (-K, or @K) so that each group lies on one host, or use "
+                  "hierarchical-mpi");
   });
 
   // Memory bandwidth, measured in this run: rank 0 alone (a single core's memcpy, the figure
@@ -143,12 +156,14 @@ int run_bench(const BenchCommand& command, const comm::World& world) {
   // One summing (checked) and one averaging (timed) Allreducer per algorithm, built up front so
   // that every size can measure the algorithms side by side.
   std::vector<std::unique_ptr<comm::Allreducer>> sums, averages;
-  for (const auto& algo : command.algos) {
-    comm::AllreduceConfig checked = config_for(algo, dtype, command.shm_segment_bytes);
+  for (std::size_t a = 0; a < command.algos.size(); ++a) {
+    const std::string& entry = command.algos[a];
+    const comm::Topology& nodes = *topologies.at(command.algo_ranks_per_node[a]);
+    comm::AllreduceConfig checked = config_for(entry.substr(0, entry.find('@')), dtype, command);
     comm::AllreduceConfig timed = checked;
     timed.postscale = 1.0f / static_cast<float>(size);
-    sums.push_back(std::make_unique<comm::Allreducer>(topology, checked));
-    averages.push_back(std::make_unique<comm::Allreducer>(topology, timed));
+    sums.push_back(std::make_unique<comm::Allreducer>(nodes, checked));
+    averages.push_back(std::make_unique<comm::Allreducer>(nodes, timed));
   }
   const std::size_t num_algos = command.algos.size();
   const int rounds = command.rounds;

@@ -316,7 +316,7 @@ std::int64_t parse_bytes(const std::string& text, const std::string& option) {
 
 BenchCommand parse_bench_command(const std::vector<std::string>& args) {
   BenchCommand out;
-  std::string min_text = "8", max_text = "256M", memcpy_text = "64M", segment_text = "1M", algos = "flat-mpi,hierarchical-shm,hierarchical-mpi";
+  std::string min_text = "8", max_text = "256M", memcpy_text = "64M", segment_text = "1M", rail_batch_text = "2M", algos = "flat-mpi,hierarchical-shm,hierarchical-mpi";
   po::options_description visible("bench allreduce", kHelpWidth, kHelpWidth / 2);
   visible.add_options()
       ("what", po::value(&out.what), "the benchmark, given first: allreduce")
@@ -337,6 +337,8 @@ BenchCommand parse_bench_command(const std::vector<std::string>& args) {
       ("memcpy-bytes", po::value(&memcpy_text)->default_value("64M"), "size of the memcpy that measures memory bandwidth")
       ("shm-segment", po::value(&segment_text)->default_value("1M"),
        "the shm backend's segment per rank (a message goes through in chunks of half of it)")
+      ("rail-batch", po::value(&rail_batch_text)->default_value("2M"),
+       "across nodes, the shm backend's wire data per rail all-reduce (whole chunks, at least one)")
       ("json", po::value(&out.json_path), "also write the rows as JSON to this file");
   po::positional_options_description positional;
   positional.add("what", 1);
@@ -354,6 +356,7 @@ BenchCommand parse_bench_command(const std::vector<std::string>& args) {
   out.memcpy_bytes = parse_bytes(memcpy_text, "--memcpy-bytes");
   out.shm_segment_bytes = parse_bytes(segment_text, "--shm-segment");
   MPT_REQUIRE(out.shm_segment_bytes >= 256, "--shm-segment is below 256 bytes", "e.g. --shm-segment 1M");
+  out.rail_batch_bytes = parse_bytes(rail_batch_text, "--rail-batch");
   MPT_REQUIRE(out.min_bytes <= out.max_bytes, "--min-bytes (-b) is larger than --max-bytes (-e)",
               "e.g. -b 8 -e 256M");
   MPT_REQUIRE(out.step_factor > 1, "--step-factor (-f) must be > 1", "e.g. -f 2");
@@ -363,11 +366,25 @@ BenchCommand parse_bench_command(const std::vector<std::string>& args) {
   MPT_REQUIRE(out.dtype == "fp32" || out.dtype == "fp16" || out.dtype == "bf16",
               "--dtype (-d) has unknown dtype '" + out.dtype + "'", "use fp32, fp16 or bf16");
   std::stringstream list(algos);
-  for (std::string algo; std::getline(list, algo, ',');) {
+  for (std::string entry; std::getline(list, entry, ',');) {
+    // ALGO or ALGO@K: the algorithm on nodes of K ranks instead of -K's, measured in the same
+    // rounds as the others (one node against emulated nodes, side by side).
+    const std::size_t at = entry.find('@');
+    const std::string algo = entry.substr(0, at);
     MPT_REQUIRE(algo == "flat-mpi" || algo == "hierarchical-shm" || algo == "hierarchical-mpi",
                 "--algos (-a) has unknown algorithm '" + algo + "'",
-                "use a comma-separated list of flat-mpi, hierarchical-shm, hierarchical-mpi");
-    out.algos.push_back(algo);
+                "use a comma-separated list of flat-mpi, hierarchical-shm, hierarchical-mpi, each "
+                "optionally with @K (nodes of K ranks)");
+    int per_node = out.ranks_per_node;
+    if (at != std::string::npos) {
+      const std::string k = entry.substr(at + 1);
+      MPT_REQUIRE(!k.empty() && k.size() < 7 && k.find_first_not_of("0123456789") == std::string::npos,
+                  "--algos (-a) entry '" + entry + "' has no ranks per node after '@'",
+                  "e.g. -a hierarchical-shm@0,hierarchical-shm@2 (0: the nodes MPI reports)");
+      per_node = std::stoi(k);
+    }
+    out.algos.push_back(entry);
+    out.algo_ranks_per_node.push_back(per_node);
   }
   MPT_REQUIRE(!out.algos.empty(), "--algos (-a) is empty", "e.g. -a flat-mpi,hierarchical-shm");
   return out;

@@ -80,12 +80,14 @@ struct BenchCommand {
   int rounds = 5;                      // -r: rounds per row, interleaving the algorithms
   int warmup_iters = 2;                // -w
   double row_seconds = 0.5;            // -t: fewer iterations where one takes long
-  std::vector<std::string> algos;      // -a: flat-mpi, hierarchical-shm, hierarchical-mpi
+  std::vector<std::string> algos;      // -a: flat-mpi, hierarchical-shm, hierarchical-mpi[@K]
+  std::vector<int> algo_ranks_per_node;  // per entry of algos: its K, or -K's
   std::string dtype = "fp32";          // -d: fp32 | fp16 | bf16 (data and wire)
   int ranks_per_node = 0;              // -K
   bool check = true;                   // -c
   std::int64_t memcpy_bytes = 64 << 20;
   std::int64_t shm_segment_bytes = 1 << 20;  // the shm backend's segment per rank
+  std::int64_t rail_batch_bytes = 2 << 20;   // its wire data per batch of rail calls
   std::string json_path;               // --json
 };
 // Parses the arguments after `mptrain bench`. Sizes take K, M and G suffixes (powers of 1024).

@@ -99,6 +99,17 @@ AllreduceConfig resolve_allreduce(const CommOptions& options, const Topology& to
   return config;
 }
 
+// Consecutive chunks whose pieces of each shard a rank owns are packed together, shard after
+// shard, so that one rail call per shard covers them all. Every chunk but the last is full.
+struct RailBatch {
+  std::int64_t chunks = 0;
+  std::vector<std::int64_t> base;  // per owned shard (from the first): its offset; then the total
+  std::vector<std::int64_t> full;  // per owned shard: its piece of a full chunk
+  std::int64_t piece(int owned, std::int64_t chunk) const {
+    return base[static_cast<std::size_t>(owned)] + chunk * full[static_cast<std::size_t>(owned)];
+  }
+};
+
 struct Allreducer::Impl {
   Impl(const Topology& topology, const AllreduceConfig& config);
   ~Impl();
@@ -121,12 +132,23 @@ struct Allreducer::Impl {
   // All-reduces the shards this rank owns of an N-element piece; MINE is its region's start.
   void rail_allreduce(std::uint8_t* mine, std::int64_t n);
   void node_barrier();
+  // The packed layout of N elements (a rail batch) cut in CHUNK-sized chunks.
+  const RailBatch& rail_batch(std::int64_t n, std::int64_t chunk);
+  // Phase 2 of the shm backend: each owned shard of a packed rail batch on its rail.
+  void rail_allreduce_batch(std::uint8_t* packed, const RailBatch& batch);
+  // Phase 4 of the shm backend for one chunk of N elements at CHUNK_DATA: the other regions,
+  // from their owners' slots in the current half.
+  void gather(std::uint8_t* chunk_data, std::int64_t n, DType dtype);
+  // The shm backend on a node of one rank (no window): phase 2 alone, in the same batches.
+  void lone_rank(void* data, std::int64_t count, DType dtype, std::int64_t chunk,
+                 std::int64_t batch_count);
 
   const Topology& topology;
   const AllreduceConfig& config;
   const std::size_t wire_size;
   detail::SumOps ops;
-  std::vector<std::uint8_t> wire_scratch, shard_scratch;
+  std::vector<std::uint8_t> wire_scratch, shard_scratch, rail_scratch;
+  RailBatch batch_;
   std::vector<int> counts, displacements;
   std::vector<detail::Operand> inputs;  // the shm sum's, one per local rank
   // shm: one segment per local rank: its barrier counter, then two halves that successive
@@ -316,69 +338,174 @@ void Allreducer::Impl::node_barrier() {
   MPT_CHECK_MPI(MPI_Win_sync(window));
 }
 
+const RailBatch& Allreducer::Impl::rail_batch(std::int64_t n, std::int64_t chunk) {
+  RailBatch& batch = batch_;  // refilled in place: its vectors keep their capacity
+  batch.chunks = (n + chunk - 1) / chunk;
+  batch.base.clear();
+  batch.full.clear();
+  const std::int64_t last = n - (batch.chunks - 1) * chunk;
+  const int parts = topology.num_shards();
+  std::int64_t total = 0;
+  for (int shard = topology.first_shard(); shard < topology.end_shard(); ++shard) {
+    const std::int64_t full = shard_range(chunk, parts, shard).size();
+    batch.base.push_back(total);
+    batch.full.push_back(full);
+    total += (batch.chunks - 1) * full + shard_range(last, parts, shard).size();
+  }
+  batch.base.push_back(total);
+  return batch;
+}
+
+void Allreducer::Impl::rail_allreduce_batch(std::uint8_t* packed, const RailBatch& batch) {
+  for (int shard = topology.first_shard(); shard < topology.end_shard(); ++shard) {
+    const int owned = shard - topology.first_shard();
+    const std::int64_t begin = batch.base[owned], size = batch.base[owned + 1] - begin;
+    if (size == 0) continue;  // the same on every node: the rail skips it together
+    MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, packed + offset(begin, wire_size),
+                                static_cast<int>(size), ops.type(config.wire),
+                                ops.sum(config.wire), topology.rail(shard)));
+  }
+}
+
 void Allreducer::Impl::hierarchical_shm(void* data, std::int64_t count, DType dtype) {
   // A chunk fills half a segment on the wire, and as many bytes of data at most: the cache
   // footprint is what the segment size tunes. Every rank computes the same chunk (the data dtype
-  // is the same everywhere), so the rail calls of all nodes match.
+  // is the same everywhere), and the same rail batches, so the rail calls of all nodes match.
   const std::int64_t chunk =
       half_bytes / static_cast<std::int64_t>(std::max(wire_size, dtype_size(dtype)));
+  const std::int64_t batch_count =
+      chunk * std::max<std::int64_t>(
+                  1, config.rail_batch_bytes / static_cast<std::int64_t>(wire_size) / chunk);
   const int local_size = topology.local_size(), me = topology.local_rank();
-  if (local_size == 1) {
-    // Cut as the shm nodes cut, so the rail calls match theirs; where every node is one rank
-    // there are none, and the rail (the world) takes the buffer whole, as flat-mpi does.
-    std::uint8_t* wire = to_wire(data, count, dtype);
-    rails_only(wire, count, topology.uniform() ? kMaxMpiCount : chunk);
-    return from_wire(wire, data, count, dtype, /*scaled=*/false);
-  }
+  const int parts = topology.num_shards(), first = topology.first_shard();
   const std::size_t data_size = dtype_size(dtype);
-  for (std::int64_t begin = 0; begin < count; begin += chunk) {
-    const std::int64_t n = std::min(chunk, count - begin);
-    const auto slot = [&](int local) {
-      return segments[static_cast<std::size_t>(local)] + half * half_bytes;
-    };
-    std::uint8_t* chunk_data = bytes(data) + offset(begin, data_size);
-    const Range mine = region(n, me);
-    // 1. Copy in (converted to the wire dtype, prescaled) what the peers sum: everything but this
-    // rank's own region, which it reads straight from its data. Then wait for every peer's copy.
-    detail::convert_scaled(chunk_data, dtype, slot(me), config.wire, mine.begin, config.prescale);
-    detail::convert_scaled(chunk_data + offset(mine.end, data_size), dtype,
-                           slot(me) + offset(mine.end, wire_size), config.wire, n - mine.end,
-                           config.prescale);
-    node_barrier();
-    // 2. Reduce-scatter: sum this rank's region straight out of every peer's slot, in local rank
-    // order, into its own slot, where the peers will copy it from.
-    for (int local = 0; local < local_size; ++local) {
-      inputs[static_cast<std::size_t>(local)] =
-          local == me
-              ? detail::Operand{chunk_data + offset(mine.begin, data_size), dtype, config.prescale}
-              : detail::Operand{slot(local) + offset(mine.begin, wire_size), config.wire};
+  if (local_size == 1) return lone_rank(data, count, dtype, chunk, batch_count);
+  const bool one_node = topology.num_nodes() == 1;
+  const auto slot = [&](int local) {
+    return segments[static_cast<std::size_t>(local)] + half * half_bytes;
+  };
+  for (std::int64_t batch_begin = 0; batch_begin < count; batch_begin += batch_count) {
+    const std::int64_t batch_n = std::min(batch_count, count - batch_begin);
+    const RailBatch& batch = rail_batch(batch_n, chunk);
+    if (!one_node) grow(rail_scratch, offset(batch.base.back(), wire_size));
+    std::uint8_t* const packed = rail_scratch.data();
+    // 1-2. Per chunk: copy in, then sum this rank's region out of every slot. On one node the
+    // sum is final and the chunk is gathered at once; across nodes each owned shard's piece goes
+    // to the rail batch, shard by shard, and the gather waits for the batch's rail calls.
+    for (std::int64_t c = 0; c < batch.chunks; ++c) {
+      const std::int64_t begin = batch_begin + c * chunk;
+      const std::int64_t n = std::min(chunk, count - begin);
+      std::uint8_t* chunk_data = bytes(data) + offset(begin, data_size);
+      const Range mine = region(n, me);
+      // Copy in (converted to the wire dtype, prescaled) what the peers sum: everything but this
+      // rank's own region, which it reads straight from its data. Then wait for every peer's copy.
+      detail::convert_scaled(chunk_data, dtype, slot(me), config.wire, mine.begin, config.prescale);
+      detail::convert_scaled(chunk_data + offset(mine.end, data_size), dtype,
+                             slot(me) + offset(mine.end, wire_size), config.wire, n - mine.end,
+                             config.prescale);
+      node_barrier();
+      // Reduce-scatter: sum straight out of every peer's slot, in local rank order.
+      const auto sum_into = [&](Range range, std::uint8_t* dst, const detail::Copy* back) {
+        for (int local = 0; local < local_size; ++local) {
+          inputs[static_cast<std::size_t>(local)] =
+              local == me
+                  ? detail::Operand{chunk_data + offset(range.begin, data_size), dtype,
+                                    config.prescale}
+                  : detail::Operand{slot(local) + offset(range.begin, wire_size), config.wire};
+        }
+        detail::sum_inputs(inputs.data(), local_size, dst, config.wire, range.size(), back);
+      };
+      if (one_node) {
+        // The final sum, into this rank's slot for the peers and its own data in the same pass.
+        const detail::Copy back{chunk_data + offset(mine.begin, data_size), dtype,
+                                config.postscale};
+        sum_into(mine, slot(me) + offset(mine.begin, wire_size), &back);
+        node_barrier();
+        gather(chunk_data, n, dtype);
+      } else {
+        for (int shard = first; shard < topology.end_shard(); ++shard)
+          sum_into(shard_range(n, parts, shard),
+                   packed + offset(batch.piece(shard - first, c), wire_size), nullptr);
+      }
+      // No barrier here: the next chunk fills the other half, and its barrier (which every rank
+      // reaches only after it is done with this chunk) comes before anyone writes this half again.
+      half ^= 1;
     }
-    std::uint8_t* my_region = slot(me) + offset(mine.begin, wire_size);
-    std::uint8_t* my_data = chunk_data + offset(mine.begin, data_size);
-    const detail::Copy back{my_data, dtype, config.postscale};
-    if (topology.num_nodes() == 1) {
-      // The final sum: copied back into this rank's own data in the same pass.
-      detail::sum_inputs(inputs.data(), local_size, my_region, config.wire, mine.size(), &back);
-    } else {
-      detail::sum_inputs(inputs.data(), local_size, my_region, config.wire, mine.size());
-      // 3. Across nodes, along the rails, still in shared memory.
-      rail_allreduce(my_region, n);
-      detail::convert_scaled(my_region, config.wire, my_data, dtype, mine.size(), config.postscale);
+    if (one_node) continue;
+    // 3. Across nodes: one all-reduce per owned shard and batch, on the shard's rail.
+    rail_allreduce_batch(packed, batch);
+    // 4. Per chunk: put the reduced pieces in this rank's slot and data, then gather the rest.
+    for (std::int64_t c = 0; c < batch.chunks; ++c) {
+      const std::int64_t begin = batch_begin + c * chunk;
+      const std::int64_t n = std::min(chunk, count - begin);
+      std::uint8_t* chunk_data = bytes(data) + offset(begin, data_size);
+      for (int shard = first; shard < topology.end_shard(); ++shard) {
+        const Range range = shard_range(n, parts, shard);
+        const std::uint8_t* piece = packed + offset(batch.piece(shard - first, c), wire_size);
+        detail::convert_scaled(piece, config.wire, slot(me) + offset(range.begin, wire_size),
+                               config.wire, range.size(), 1.f);
+        detail::convert_scaled(piece, config.wire, chunk_data + offset(range.begin, data_size),
+                               dtype, range.size(), config.postscale);
+      }
+      node_barrier();
+      gather(chunk_data, n, dtype);
+      half ^= 1;
     }
-    node_barrier();
-    // 4. All-gather: copy every other region from its owner's slot, converted back and
-    // postscaled. Starting at the next rank spreads the readers over the slots.
-    for (int step = 1; step < local_size; ++step) {
-      const int owner = (me + step) % local_size;
-      const Range range = region(n, owner);
-      detail::convert_scaled(slot(owner) + offset(range.begin, wire_size), config.wire,
-                             chunk_data + offset(range.begin, data_size), dtype, range.size(),
-                             config.postscale);
-    }
-    // No barrier here: the next chunk fills the other half, and its barrier (which every rank
-    // reaches only after this gather) comes before anyone writes this half again.
-    half ^= 1;
   }
+}
+
+void Allreducer::Impl::gather(std::uint8_t* chunk_data, std::int64_t n, DType dtype) {
+  // Copy every other region from its owner's slot, converted back and postscaled. Starting at
+  // the next rank spreads the readers over the slots.
+  const int local_size = topology.local_size(), me = topology.local_rank();
+  const std::size_t data_size = dtype_size(dtype);
+  for (int step = 1; step < local_size; ++step) {
+    const int owner = (me + step) % local_size;
+    const Range range = region(n, owner);
+    detail::convert_scaled(segments[static_cast<std::size_t>(owner)] + half * half_bytes +
+                               offset(range.begin, wire_size),
+                           config.wire, chunk_data + offset(range.begin, data_size), dtype,
+                           range.size(), config.postscale);
+  }
+}
+
+void Allreducer::Impl::lone_rank(void* data, std::int64_t count, DType dtype, std::int64_t chunk,
+                                 std::int64_t batch_count) {
+  // A node of one rank has phase 2 alone. It cuts as the shm nodes cut, in the same rail
+  // batches, so that its rail calls match theirs; it owns every shard, and packs each one's
+  // pieces together as they do. Where every node is one rank there is a single shard and the
+  // packing is the identity: the batches are all-reduced in place (in batches rather than whole:
+  // Open MPI's MPI_Allreduce takes a scratch buffer of the message's size, which from 32 MiB on
+  // is fresh pages from mmap on every call, half the bandwidth here).
+  std::uint8_t* wire = to_wire(data, count, dtype);
+  const int parts = topology.num_shards();
+  for (std::int64_t batch_begin = 0; batch_begin < count; batch_begin += batch_count) {
+    const std::int64_t batch_n = std::min(batch_count, count - batch_begin);
+    std::uint8_t* batch_wire = wire + offset(batch_begin, wire_size);
+    if (parts == 1) {
+      MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, batch_wire, static_cast<int>(batch_n),
+                                  ops.type(config.wire), ops.sum(config.wire), topology.rail(0)));
+      continue;
+    }
+    const RailBatch& batch = rail_batch(batch_n, chunk);
+    grow(rail_scratch, offset(batch_n, wire_size));
+    std::uint8_t* const packed = rail_scratch.data();
+    const auto each_piece = [&](bool pack) {
+      for (std::int64_t c = 0; c < batch.chunks; ++c) {
+        const std::int64_t n = std::min(chunk, batch_n - c * chunk);
+        for (int shard = 0; shard < parts; ++shard) {
+          const Range range = shard_range(n, parts, shard);
+          std::uint8_t* piece = packed + offset(batch.piece(shard, c), wire_size);
+          std::uint8_t* home = batch_wire + offset(c * chunk + range.begin, wire_size);
+          std::copy_n(pack ? home : piece, offset(range.size(), wire_size), pack ? piece : home);
+        }
+      }
+    };
+    each_piece(/*pack=*/true);
+    rail_allreduce_batch(packed, batch);
+    each_piece(/*pack=*/false);
+  }
+  from_wire(wire, data, count, dtype, /*scaled=*/false);
 }
 
 Allreducer::Allreducer(const Topology& topology, const AllreduceConfig& config)

@@ -45,6 +45,10 @@ struct AllreduceConfig {
   // (the two halves alternate, which saves a barrier per chunk). 1 MiB keeps a chunk's working
   // set in a core's L2: 2.5x faster than 16 MiB at 1-64 MiB on 2 ranks here (docs/architecture.md).
   std::int64_t shm_segment_bytes = std::int64_t{1} << 20;
+  // Across nodes, the shm backend packs the pieces of this many bytes of wire data (whole
+  // chunks, at least one) and sends each owned shard's pieces in one rail all-reduce: one call
+  // per chunk cost latency that one node does not pay (docs/architecture.md).
+  std::int64_t rail_batch_bytes = std::int64_t{2} << 20;
 };
 
 const char* algorithm_name(Algorithm algorithm);  // "flat-mpi", "hierarchical"

@@ -16,7 +16,7 @@ run_bench() {
     fail "$name: no nccl-tests header"; cat "$TMP/out" >&2; return
   fi
   local rows wrong
-  rows=$(grep -cE '^ +[0-9]+ +[0-9]+ +(fp32|fp16|bf16) +[a-z-]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +0$' "$TMP/out" || true)
+  rows=$(grep -cE '^ +[0-9]+ +[0-9]+ +(fp32|fp16|bf16) +[a-z@0-9-]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +0$' "$TMP/out" || true)
   wrong=$(awk '/^ +[0-9]/ && $NF != 0' "$TMP/out" | wc -l)
   if [ "$wrong" -ne 0 ] || [ "$rows" -ne "$EXPECTED_ROWS" ]; then
     fail "$name: $rows correct rows (expected $EXPECTED_ROWS), $wrong wrong"; cat "$TMP/out" >&2; return
@@ -34,6 +34,15 @@ run_bench "2 ranks, two nodes (K=1), fp16" 2 -b 8 -e 1M -f 16 -n 3 -w 1 -K 1 -d 
 run_bench "4 ranks, one node, bf16" 4 -b 8 -e 1M -f 16 -n 3 -w 1 -d bf16
 EXPECTED_ROWS=5
 run_bench "1 rank, flat-mpi only" 1 -b 8 -e 1M -f 16 -n 3 -w 1 -a flat-mpi
+# One node and emulated nodes side by side (ALGO@K), with rail batches of a few chunks.
+EXPECTED_ROWS=10
+run_bench "4 ranks, one node and uneven nodes (3, 1) in one run" 4 -b 8 -e 1M -f 16 -n 3 -w 1 \
+  -a hierarchical-shm,hierarchical-shm@3 --shm-segment 64K --rail-batch 100K
+if grep -qE '^ +524288 +131072 +fp32 +hierarchical-shm@3 ' "$TMP/out"; then
+  pass "bench ALGO@K rows are labelled with their nodes"
+else
+  fail "bench ALGO@K rows are labelled with their nodes"; cat "$TMP/out" >&2
+fi
 
 # The JSON holds every row with its bus bandwidth and the memcpy reference.
 if /usr/bin/python3 - "$TMP/bench.json" <<'PY'

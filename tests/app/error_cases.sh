@@ -172,6 +172,7 @@ expect_error "accumulate zero" 2 "--train.accumulate must be >= 1" \
 expect_error "unknown benchmark" 2 "unknown benchmark 'alltoall'" bench alltoall
 expect_error "bad bench size" 2 "--max-bytes (-e) has a bad size '12Q'" bench allreduce -e 12Q
 expect_error "unknown bench algorithm" 2 "--algos (-a) has unknown algorithm 'ring'" bench allreduce -a flat-mpi,ring
+expect_error "bench ALGO@K without K" 2 "--algos (-a) entry 'flat-mpi@' has no ranks per node after '@'" bench allreduce -a flat-mpi@
 expect_error "unknown bench option" 2 "unknown option '--sizes'" bench allreduce --sizes=4
 
 finish

@@ -139,7 +139,8 @@ constexpr std::int64_t kLarge = (std::int64_t{1} << 20) + 3;
 // Runs every dtype pair through ALGORITHM / INTRA on nodes of K ranks for every K. Each case
 // reduces {0, 1, 7, 1000}; one dtype pair per K adds 1M+3 (with 256 KiB shm segments: several
 // segments). Scalings rotate over the cases, and so do the shm segment sizes (256 bytes: every
-// chunk of 1000 elements a separate segment; the 1 MiB default: one segment).
+// chunk of 1000 elements a separate segment; the 1 MiB default: one segment) and the rail
+// batches (a few chunks, or the default).
 void check_algorithm(Algorithm algorithm, IntraBackend intra, const std::vector<int>& ks) {
   const float inverse = 1.f / static_cast<float>(world_size());
   const Scales scalings[] = {{1.f, 1.f}, {inverse, 1.f}, {1.f, inverse}};
@@ -160,6 +161,9 @@ void check_algorithm(Algorithm algorithm, IntraBackend intra, const std::vector<
       } else if (case_index % 2 == 1) {
         config.shm_segment_bytes = 256;
       }
+      // Across nodes, rail batches of a few chunks (the last batch short) on two cases in three,
+      // the default (one batch here) on the third.
+      if (case_index % 3 != 0) config.rail_batch_bytes = large ? (1 << 20) + 5 : 1000;
       Allreducer allreducer(topology, config);
       for (const std::int64_t count : {0L, 1L, 7L, 1000L})
         check_allreduce(allreducer, count, kTypes[t].data);
