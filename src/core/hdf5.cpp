@@ -336,4 +336,25 @@ std::string hdf5_type_name(hid_t type) {
   }
 }
 
+std::optional<std::string> hdf5_find_damaged_object(hid_t file) {
+  auto lock = hdf5_lock();
+  auto no_op = [](hid_t, const char*, const H5A_info_t*, void*) -> herr_t { return 0; };
+  if (H5Aiterate2(file, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, no_op, nullptr) < 0)
+    return "'/': " + hdf5_last_error();
+  std::vector<std::string> paths;
+  auto visit = [](hid_t, const char* name, const H5L_info_t* info, void* data) -> herr_t {
+    if (info->type == H5L_TYPE_HARD) static_cast<std::vector<std::string>*>(data)->push_back(name);
+    return 0;
+  };
+  if (H5Lvisit(file, H5_INDEX_NAME, H5_ITER_NATIVE, visit, &paths) < 0)
+    return "the links under '/': " + hdf5_last_error();
+  for (const auto& path : paths) {
+    Hdf5Handle object(H5Oopen(file, path.c_str(), H5P_DEFAULT));
+    if (!object.valid() ||
+        H5Aiterate2(object.get(), H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, no_op, nullptr) < 0)
+      return "'/" + path + "': " + hdf5_last_error();
+  }
+  return std::nullopt;
+}
+
 }  // namespace mpt

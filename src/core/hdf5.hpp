@@ -115,6 +115,12 @@ Hdf5Handle hdf5_write_dataset(hid_t location, const std::string& path, hid_t fil
 // UserError by the caller.
 herr_t hdf5_read_dataset(hid_t dataset, hid_t memory_type, void* out);
 
+// Opens every object of FILE and lists its attributes, which makes HDF5 read (and, in files of
+// the 1.8 format or later, verify the checksum of) every object header. Returns "'/obj': reason"
+// for the first that fails, nullopt when all read. Call it on a user's file before the helpers
+// above, which abort the job on such a failure rather than report it.
+std::optional<std::string> hdf5_find_damaged_object(hid_t file);
+
 // "uint8", "int32", "float32", "float16", "string", ... for messages and inspect.
 std::string hdf5_type_name(hid_t type);
 
