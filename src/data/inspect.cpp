@@ -211,6 +211,11 @@ std::string inspect_file(const std::string& path) {
               "the file may be truncated or damaged; on Lustre or NFS set "
               "HDF5_USE_FILE_LOCKING=FALSE");
   const hid_t root = file.get();
+  // Every object header must read before the helpers below touch it: they abort on a failure.
+  if (const auto damaged = hdf5_find_damaged_object(root))
+    throw_user_error("'" + path + "' is damaged: HDF5 cannot read " + *damaged,
+                     "the file was truncated or overwritten; for a checkpoint, use an older one "
+                     "(ckpt-STEP.h5 in the same directory)");
 
   const std::string format = hdf5_read_string_attribute(root, "mptrain_format").value_or("");
   std::string kind = "other HDF5 file (not written by mptrain)";

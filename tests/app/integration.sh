@@ -46,7 +46,8 @@ got=$(sed -n 's/^eval: accuracy \([0-9.]*\).*/\1/p' "$TMP/eval.log")
 [ "$want" = "$got" ] && pass "eval reproduces test accuracy $got" || fail "eval accuracy '$got' != train's '$want'"
 
 "$MPTRAIN" inspect "$TMP/ckpt/$(cat "$TMP/ckpt/latest")" >"$TMP/inspect.log" 2>&1 &&
-  grep -q "dense0/weight" "$TMP/inspect.log" && pass "inspect checkpoint" || fail "inspect checkpoint"
+  grep -q "dense0/weight" "$TMP/inspect.log" && grep -q "^  checksums: verified" "$TMP/inspect.log" &&
+  pass "inspect checkpoint" || fail "inspect checkpoint"
 "$MPTRAIN" inspect "$D/train.h5" >"$TMP/inspect2.log" 2>&1 && grep -q "4096" "$TMP/inspect2.log" &&
   pass "inspect data file" || fail "inspect data file"
 # Into a file first: `grep -q` on a pipe exits at the first match and, under pipefail, the
