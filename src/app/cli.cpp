@@ -25,6 +25,8 @@ std::string help_hint(const std::string& command) {
 // The options shared by `train` and `eval`, so that one config file serves both.
 po::options_description train_options(TrainCommand& out) {
   auto& run = out.run;
+  auto& time_limit_text = out.time_limit_text;
+  auto& stop_margin_text = out.stop_margin_text;
   po::options_description data("[data]", kHelpWidth, kHelpWidth / 2);
   data.add_options()
       ("data.train", po::value(&run.data.train_path), "training set (HDF5, see docs/data-format.md)")
@@ -74,6 +76,10 @@ po::options_description train_options(TrainCommand& out) {
       ("train.batch-size", po::value(&run.loop.batch_size)->default_value(64), "samples per rank per step; global batch = this x ranks")
       ("train.seed", po::value(&run.loop.seed)->default_value(42), "seed of weight initialisation and shuffling")
       ("train.log-every", po::value(&run.loop.log_every)->default_value(50), "log and write metrics every N steps")
+      ("train.time-limit", po::value(&time_limit_text)->default_value(""),
+       "HH:MM:SS (or seconds): stop cleanly with a checkpoint this long after the start, less the stop margin (empty: none; SLURM_JOB_END_TIME also sets one)")
+      ("train.stop-margin", po::value(&stop_margin_text)->default_value("00:02:00"),
+       "HH:MM:SS (or seconds) kept free before a time limit for the last checkpoint")
       ("train.accumulate", po::value(&run.loop.accumulate)->default_value(1),
        "micro-batches per optimizer step (gradient accumulation; communicates on the last only)")
       ("train.precision", po::value(&run.amp.precision)->default_value("fp32"),
@@ -146,7 +152,19 @@ po::options_description train_options(TrainCommand& out) {
   po::options_description output("[output] and [checkpoint]", kHelpWidth, kHelpWidth / 2);
   output.add_options()
       ("output.dir", po::value(&run.output_dir)->default_value("runs/latest")->implicit_value(""), "metrics.jsonl and summary.json go here")
-      ("checkpoint.dir", po::value(&run.checkpoint_dir)->default_value("")->implicit_value(""), "FP32 weights are saved here at the end (empty: none)");
+      ("checkpoint.dir", po::value(&run.checkpoint.dir)->default_value("")->implicit_value(""),
+       "checkpoints (FP32 weights and the whole training state) go here: at the end, on a stop signal or time limit, and as every-steps/every-minutes say (empty: none)")
+      ("checkpoint.every-steps", po::value(&run.checkpoint.every_steps)->default_value(0), "also every N optimizer steps (0: off)")
+      ("checkpoint.every-minutes", po::value(&run.checkpoint.every_minutes)->default_value(0, "0"), "also every M minutes of wall time (0: off)")
+      ("checkpoint.keep", po::value(&run.checkpoint.keep)->default_value(3), "keep the newest K checkpoints")
+      ("checkpoint.keep-every", po::value(&run.checkpoint.keep_every)->default_value(0),
+       "... and, for good, those whose step is a multiple of N (0: none)")
+      ("checkpoint.async", po::value(&run.checkpoint.async)->default_value(false)->implicit_value(true),
+       "snapshot into memory at the step boundary and write on a background thread")
+      ("checkpoint.debug-pause-ms", po::value(&run.checkpoint.debug_pause_ms)->default_value(0),
+       "testing aid: pause this long after each dataset written")
+      ("resume", po::value(&run.checkpoint.resume)->default_value("none"),
+       "none | auto (the newest checkpoint in checkpoint.dir whose checksums verify; none there: a fresh start) | PATH (a checkpoint file, or a directory with latest)");
   po::options_description runtime("runtime", kHelpWidth, kHelpWidth / 2);
   runtime.add_options()
       ("device", po::value(&out.runtime.device)->default_value("auto"), "auto | cpu | cuda")
@@ -221,6 +239,43 @@ bool parse(const std::string& command, const std::vector<std::string>& args,
 
 }  // namespace
 
+double parse_duration(const std::string& text, const std::string& option) {
+  const auto bad = [&] {
+    throw_user_error(option + " has a bad duration '" + text + "'",
+                     "use HH:MM:SS (e.g. 01:30:00), D-HH:MM:SS, MM:SS or seconds");
+  };
+  if (text.empty()) bad();
+  const auto number = [&](const std::string& part, bool fraction) {
+    if (part.empty() || part.find_first_not_of(fraction ? "0123456789." : "0123456789") != std::string::npos ||
+        part.size() > 12)
+      bad();
+    try {
+      return std::stod(part);
+    } catch (const std::exception&) {
+      bad();
+    }
+    return 0.0;
+  };
+  if (text.find(':') == std::string::npos) return number(text, /*fraction=*/true);
+  std::string rest = text;
+  double days = 0;
+  if (const auto dash = rest.find('-'); dash != std::string::npos) {
+    days = number(rest.substr(0, dash), false);
+    rest = rest.substr(dash + 1);
+  }
+  std::vector<std::string> parts;
+  std::stringstream fields(rest);
+  for (std::string part; std::getline(fields, part, ':');) parts.push_back(part);
+  if (rest.back() == ':' || parts.size() < 2 || parts.size() > 3 || (days > 0 && parts.size() != 3)) bad();
+  double seconds = 0;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const double value = number(parts[i], i + 1 == parts.size());
+    if (i > 0 && value >= 60) bad();  // minutes and seconds below 60
+    seconds = seconds * 60 + value;
+  }
+  return days * 86400 + seconds;
+}
+
 TrainCommand parse_train_command(const std::string& command, const std::vector<std::string>& args) {
   TrainCommand out;
   po::options_description visible = train_options(out);
@@ -234,6 +289,9 @@ TrainCommand parse_train_command(const std::string& command, const std::vector<s
   }
   out.help = parse(command, args, visible, out.help_text);
   if (out.help) return out;
+  out.run.loop.time_limit_s =
+      out.time_limit_text.empty() ? 0 : parse_duration(out.time_limit_text, "--train.time-limit");
+  out.run.loop.stop_margin_s = parse_duration(out.stop_margin_text, "--train.stop-margin");
   const auto& device = out.runtime.device;
   MPT_REQUIRE(device == "auto" || device == "cpu" || device == "cuda",
               "unknown device '" + device + "' (--device)", "use --device=auto, cpu or cuda");
@@ -245,7 +303,7 @@ TrainCommand parse_train_command(const std::string& command, const std::vector<s
   MPT_REQUIRE(out.runtime.threads >= 0, "--train.threads must be >= 0", "0 picks a default");
   // The [comm] values and --train.accumulate are checked by the trainer's agreed setup
   // (train::Trainer), the one place that also serves callers of the library.
-  if (command == "eval" && out.checkpoint.empty()) out.checkpoint = out.run.checkpoint_dir;
+  if (command == "eval" && out.checkpoint.empty()) out.checkpoint = out.run.checkpoint.dir;
   return out;
 }
 

@@ -22,7 +22,13 @@ struct TrainCommand {
   RuntimeConfig runtime;
   std::string checkpoint;  // eval only: file or directory to evaluate
   std::string confusion;   // eval only: --eval.confusion, CSV path ("-": stdout; empty: none)
+  // --train.time-limit and --train.stop-margin as given; parsed into run.loop (seconds).
+  std::string time_limit_text, stop_margin_text;
 };
+
+// A duration given as [[D-]HH:]MM:SS (Slurm's forms) or as seconds ("90", "1.5"), in seconds.
+// Throws UserError naming OPTION for anything else or a negative value.
+double parse_duration(const std::string& text, const std::string& option);
 
 // Parses the arguments that follow `mptrain train` or `mptrain eval` (COMMAND names which).
 // Throws UserError naming the option for an unknown option, a bad value or an unreadable file.

@@ -5,11 +5,13 @@
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
 
 #include "app/cli.hpp"
+#include "ckpt/ckpt.hpp"
 #include "core/error.hpp"
 #include "core/hdf5.hpp"
 #include "data/data.hpp"
@@ -207,7 +209,9 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
   if (command == "inspect") {
     if (rest.size() == 1 && (rest[0] == "--help" || rest[0] == "-h")) {
       print_help_once("usage: mptrain inspect FILE\n\nPrints what an mptrain data or checkpoint file (or any HDF5 file) holds:\n"
-                      "datasets with shapes and dtypes, attributes, and for data files the label histogram.\n", world);
+                      "datasets with shapes and dtypes, attributes, and for data files the label histogram;\n"
+                      "for checkpoints the step, epoch, loss scale, world size, optimizer and data cursor,\n"
+                      "and whether every dataset's checksum verifies.\n", world);
       return 0;
     }
     world.run_agreed([&] {
@@ -215,7 +219,12 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
                   rest.empty() ? std::string("no file given to `mptrain inspect`")
                                : "`mptrain inspect` takes exactly one FILE",
                   "usage: mptrain inspect FILE (an mptrain data or checkpoint file)");
-      if (world.rank() == 0) std::printf("%s", data::inspect_file(rest[0]).c_str());
+      if (world.rank() == 0) {
+        std::printf("%s", data::inspect_file(rest[0]).c_str());
+        // A checkpoint also gets its run state in words and a verdict on every checksum.
+        if (const auto summary = ckpt::describe_checkpoint(rest[0]))
+          std::printf("%s", summary->c_str());
+      }
     });
     return 0;
   }
@@ -249,6 +258,9 @@ int run(int argc, char** argv) {
     return comm::kExitUserError;
   }
   hdf5_quiet();
+  // A file-size limit (ulimit -f) then fails the write with EFBIG, which the checkpoint writer
+  // reports like a full disk and survives, instead of SIGXFSZ killing the rank mid-collective.
+  std::signal(SIGXFSZ, SIG_IGN);
   Kokkos::InitArguments kokkos_args;
   kokkos_args.disable_warnings = true;
   Kokkos::initialize(kokkos_args);

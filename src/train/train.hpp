@@ -55,6 +55,22 @@ struct LoopConfig {
   std::int64_t log_every = 50;
   // Micro-batches per optimizer step; max_steps and the logged `step` count optimizer steps.
   std::int64_t accumulate = 1;
+  // Stop cleanly (checkpoint, exit 0) this long after the start, less stop_margin_s; 0: no
+  // limit. SLURM_JOB_END_TIME in the environment sets a deadline the same way.
+  double time_limit_s = 0;
+  double stop_margin_s = 120;
+};
+
+// Checkpoints and resume (docs/checkpoint-format.md, docs/running-on-clusters.md).
+struct CheckpointConfig {
+  std::string dir;                  // empty: no checkpoints (and --resume=auto starts fresh)
+  std::int64_t every_steps = 0;     // 0: off
+  double every_minutes = 0;         // 0: off (rank 0's clock decides, for every rank)
+  int keep = 3;                     // the newest KEEP are kept ...
+  std::int64_t keep_every = 0;      // ... and every step multiple of this, for good (0: none)
+  bool async = false;               // snapshot at the step boundary, write on a thread
+  int debug_pause_ms = 0;           // testing aid: pause after each dataset written
+  std::string resume = "none";      // none | auto (the newest valid in dir) | a file or directory
 };
 
 // Mixed precision: the storage dtype of weights, activations and gradients, and the loss scaler.
@@ -97,7 +113,7 @@ struct RunConfig {
   // KIND nan-grad puts a NaN into RANK's local gradients at STEP (1-based), before the
   // all-reduce. Empty: no fault.
   std::string fault;
-  std::string checkpoint_dir;
+  CheckpointConfig checkpoint;
 };
 
 struct TrainSummary {
@@ -120,6 +136,12 @@ struct TrainSummary {
   double base_lr = 0;   // --optimizer.lr after --optimizer.lr-scaling
   double last_lr = 0;   // the scheduled LR of the last applied update (0: none applied)
   double grad_norm = -1;  // pre-clip global gradient norm of the last applied update (-1: clipping off)
+  // Why the run ended: "completed", "signal" (SIGTERM, SIGUSR1 or SIGINT) or "time-limit".
+  std::string stop_reason = "completed";
+  std::int64_t resumed_from_step = -1;  // the checkpoint's step; -1: a fresh start
+  std::int64_t checkpoints = 0;         // written by this run
+  double checkpoint_stall_s = 0;        // training time lost to them (rank 0's)
+  std::string last_checkpoint;          // the newest written (empty: none)
 };
 
 // One data-parallel training run. Construction is the agreed setup (data, model, optimizer,

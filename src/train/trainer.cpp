@@ -1,13 +1,17 @@
 // The data-parallel training loop: every rank reads its shard, runs forward and backward on
 // planned buffers, and the ranks average gradients before an identical optimizer step.
 #include <algorithm>
+#include <bit>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -19,6 +23,7 @@
 #include "core/error.hpp"
 #include "core/json.hpp"
 #include "data/data.hpp"
+#include "export/export.hpp"
 #include "kernels/add.hpp"
 #include "kernels/cast.hpp"
 #include "kernels/copy.hpp"
@@ -27,6 +32,7 @@
 #include "kernels/unscale_check.hpp"
 #include "nn/nn.hpp"
 #include "optim/optim.hpp"
+#include "train/checkpointing.hpp"
 #include "train/evaluate.hpp"
 #include "train/train.hpp"
 
@@ -97,9 +103,10 @@ Fault parse_fault(const std::string& text) {
       ok = false;
     }
   }
-  const bool known = fault.kind == "nan-grad" || fault.kind == "comm-error" || fault.kind == "comm-crash";
+  const bool known = fault.kind == "nan-grad" || fault.kind == "comm-error" ||
+                     fault.kind == "comm-crash" || fault.kind == "stop-signal";
   MPT_REQUIRE(ok && known && fault.rank >= 0 && fault.step >= 1,
-              "MPTRAIN_FAULT='" + text + "' is not KIND:RANK:STEP with KIND nan-grad, comm-error or comm-crash",
+              "MPTRAIN_FAULT='" + text + "' is not KIND:RANK:STEP with KIND nan-grad, comm-error, comm-crash or stop-signal",
               "unset MPTRAIN_FAULT; it is a test hook (docs/testing.md)");
   return fault;
 }
@@ -144,6 +151,12 @@ Tensor decay_mask(nn::Model& model, bool decay_biases) {
   return optim::decay_mask(model.master_params().numel(), ranges, decay_biases);
 }
 
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g s", seconds);
+  return text;
+}
+
 void validate(const RunConfig& config) {
   MPT_REQUIRE(!config.data.train_path.empty(), "no training data given (--data.train)",
               "set [data] train = PATH in the config or pass --data.train=PATH");
@@ -185,6 +198,42 @@ void validate(const RunConfig& config) {
               "unknown --amp.loss-scaling '" + amp.loss_scaling + "'", "use auto, on or off");
   MPT_REQUIRE(amp.on_nonfinite_loss == "error" || amp.on_nonfinite_loss == "skip",
               "unknown --amp.on-nonfinite-loss '" + amp.on_nonfinite_loss + "'", "use error or skip");
+  const auto& checkpoint = config.checkpoint;
+  MPT_REQUIRE(checkpoint.keep >= 1, "--checkpoint.keep must be >= 1",
+              "the newest checkpoint is always kept; e.g. --checkpoint.keep=3");
+  MPT_REQUIRE(checkpoint.every_steps >= 0 && checkpoint.keep_every >= 0 && checkpoint.debug_pause_ms >= 0,
+              "--checkpoint.every-steps, --checkpoint.keep-every and --checkpoint.debug-pause-ms must be >= 0",
+              "0 turns each off");
+  MPT_REQUIRE(std::isfinite(checkpoint.every_minutes) && checkpoint.every_minutes >= 0,
+              "--checkpoint.every-minutes must be >= 0", "0 turns it off; e.g. --checkpoint.every-minutes=30");
+  const bool periodic = checkpoint.every_steps > 0 || checkpoint.every_minutes > 0 || checkpoint.async;
+  MPT_REQUIRE(!periodic || !checkpoint.dir.empty(),
+              "--checkpoint.every-steps, --checkpoint.every-minutes and --checkpoint.async need --checkpoint.dir",
+              "e.g. --checkpoint.dir=runs/ckpt");
+  MPT_REQUIRE(checkpoint.resume != "auto" || !checkpoint.dir.empty(),
+              "--resume=auto needs --checkpoint.dir (the directory it resumes from)",
+              "pass --checkpoint.dir=DIR, or --resume=PATH of a checkpoint file");
+  MPT_REQUIRE(!checkpoint.resume.empty(), "--resume is empty", "use none, auto or the path of a checkpoint");
+  MPT_REQUIRE(config.loop.time_limit_s == 0 || config.loop.time_limit_s > config.loop.stop_margin_s,
+              "--train.time-limit (" + seconds_text(config.loop.time_limit_s) +
+                  ") is not longer than --train.stop-margin (" +
+                  seconds_text(config.loop.stop_margin_s) + ")",
+              "give a longer limit or a shorter margin, e.g. --train.stop-margin=00:00:30");
+}
+
+// SLURM_JOB_END_TIME (seconds since the epoch), when set: the job's end as seen now, in
+// seconds from now. nullopt: not under Slurm. UserError for a value that is not a number.
+std::optional<double> slurm_seconds_left() {
+  const char* text = std::getenv("SLURM_JOB_END_TIME");
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  char* end = nullptr;
+  const double end_time = std::strtod(text, &end);
+  MPT_REQUIRE(end != text && *end == '\0' && std::isfinite(end_time),
+              std::string("SLURM_JOB_END_TIME='") + text + "' is not a time in seconds since the epoch",
+              "unset it, or let Slurm set it");
+  const double now = std::chrono::duration<double>(
+                         std::chrono::system_clock::now().time_since_epoch()).count();
+  return end_time - now;
 }
 
 // Appends one JSON object per line to metrics.jsonl; only rank 0 holds an open file.
@@ -263,6 +312,194 @@ struct InputPipeline {
   }
 };
 
+
+// ---- checkpoints -------------------------------------------------------------------------------
+
+// OUT := LIVE's tensors: the very tensors (views), or with COPY host copies, reusing OUT's own
+// buffers where a name and shape match (a recycled snapshot) and allocating the rest.
+void take_tensors(const std::vector<ckpt::NamedTensor>& live, bool copy,
+                  std::vector<ckpt::NamedTensor>& out) {
+  if (!copy) {
+    out = live;
+    return;
+  }
+  out.resize(live.size());
+  for (std::size_t i = 0; i < live.size(); ++i) {
+    ckpt::NamedTensor& target = out[i];
+    const Tensor& source = live[i].value;
+    target.name = live[i].name;
+    if (target.value.defined() && target.value.shape() == source.shape() &&
+        target.value.dtype() == source.dtype() && source.device() == Device::cpu) {
+      std::memcpy(target.value.raw(), source.raw(), source.size_bytes());
+    } else {
+      target.value = source.to(Device::cpu);
+    }
+  }
+}
+
+// ---- resume ------------------------------------------------------------------------------------
+
+// What rank 0 broadcasts about the checkpoint it resumes from (int64 fields, the loss scale's
+// bits included), so that every rank sets up the same cursor before any tensor moves.
+enum ResumeField : int {
+  kPresent, kHasState, kStep, kEpoch, kEpochStep, kEpochSamples, kMicroStep, kOptimizerSteps,
+  kGrowthTracker, kHysteresisTracker, kSkippedSteps, kBatchPerRank, kAccumulate, kWorldSize,
+  kLossScaleBits, kSamePrecision, kScheduleSteps, kResumeFields
+};
+
+// Where this run continues, in its own shape (world size, batch, accumulation).
+struct ResumePoint {
+  bool from_checkpoint = false;
+  bool has_state = false;       // false: weights only (a format-1 checkpoint)
+  bool same_shape = true;       // written by a run of this world size, batch and accumulation
+  bool same_precision = true;   // the loss scaler's state applies only then
+  std::int64_t checkpoint_step = 0;
+  std::int64_t step = 0, epoch = 0, epoch_step = 0, epoch_samples = 0, micro_step = 0;
+  std::int64_t optimizer_steps = 0;
+  std::int64_t schedule_steps = 0;  // the LR schedule's position in this run's steps
+  double loss_scale = 1;
+  std::int64_t scaler_growth_tracker = 0, scaler_hysteresis_tracker = 1, scaler_skipped_steps = 0;
+  std::int64_t written_world_size = 0, written_batch = 0, written_accumulate = 0;
+};
+
+// Rank 0: the checkpoint --resume names, verified (every checksum) and its weights checked
+// against this model (the buffers are checked as they load); nullopt for --resume=none, or auto with no checkpoint yet (a fresh start).
+std::optional<ckpt::LoadedCheckpoint> load_for_resume(const RunConfig& config, nn::Model& model,
+                                                      const data::DatasetInfo& info) {
+  const std::string& resume = config.checkpoint.resume;
+  if (resume == "none") return std::nullopt;
+  std::optional<ckpt::LoadedCheckpoint> loaded;
+  if (resume == "auto") {
+    loaded = ckpt::load_newest_valid(config.checkpoint.dir, [](const std::string& line) {
+      std::printf("warning: %s\n", line.c_str());
+      std::fflush(stdout);
+    });
+    if (!loaded) {
+      std::printf("resume: no checkpoint in '%s' yet, starting fresh\n", config.checkpoint.dir.c_str());
+      return std::nullopt;
+    }
+  } else {
+    loaded = ckpt::load_weights(resume);
+  }
+  const std::string hint = "resume with the model and data it was written for, or start fresh with --resume=none";
+  MPT_REQUIRE(loaded->meta.sample_shape == info.sample_shape,
+              "checkpoint '" + loaded->path + "' was written for samples of shape " +
+                  shape_to_string(loaded->meta.sample_shape) + ", the training set has " +
+                  shape_to_string(info.sample_shape),
+              hint);
+  std::vector<ckpt::NamedTensor> expected;
+  for (const auto& param : model.named_params()) expected.push_back({param.name, param.value});
+  ckpt::check_weights_match(*loaded, expected);
+  if (loaded->state) {
+    MPT_REQUIRE(loaded->state->optimizer == config.optimizer.name,
+                "checkpoint '" + loaded->path + "' was written with --optimizer.name=" +
+                    loaded->state->optimizer + ", this run uses " + config.optimizer.name,
+                "resume with the same optimizer, or start fresh with --resume=none");
+  }
+  return loaded;
+}
+
+void write_resume_header(const ckpt::LoadedCheckpoint& loaded, const std::string& precision,
+                         std::int64_t* header) {
+  header[kPresent] = 1;
+  header[kStep] = loaded.meta.step;
+  header[kWorldSize] = loaded.meta.world_size;
+  if (!loaded.state) return;
+  const ckpt::TrainingState& state = *loaded.state;
+  header[kHasState] = 1;
+  header[kEpoch] = state.epoch;
+  header[kEpochStep] = state.epoch_step;
+  header[kEpochSamples] = state.epoch_samples;
+  header[kMicroStep] = state.micro_step;
+  header[kOptimizerSteps] = state.optimizer_steps;
+  header[kScheduleSteps] = state.schedule_steps;
+  header[kGrowthTracker] = state.scaler_growth_tracker;
+  header[kHysteresisTracker] = state.scaler_hysteresis_tracker;
+  header[kSkippedSteps] = state.scaler_skipped_steps;
+  header[kBatchPerRank] = state.batch_per_rank;
+  header[kAccumulate] = state.accumulate;
+  header[kLossScaleBits] = std::bit_cast<std::int64_t>(state.loss_scale);
+  header[kSamePrecision] = loaded.meta.precision == precision ? 1 : 0;
+}
+
+// The cursor in this run's shape. The same shape continues at the very step; another one
+// continues at the step holding the epoch's next unseen sample (rounded down: up to one global
+// batch of the epoch is seen twice), with the step count and the LR schedule's position
+// re-expressed in the new shape (the optimizer keeps its own count: AdamW's bias correction).
+ResumePoint resume_point(const std::int64_t* header, int world_size, std::int64_t batch,
+                         std::int64_t accumulate, std::int64_t global_batch,
+                         std::int64_t steps_per_epoch) {
+  ResumePoint point;
+  point.from_checkpoint = header[kPresent] != 0;
+  point.has_state = header[kHasState] != 0;
+  point.checkpoint_step = header[kStep];
+  if (!point.has_state) return point;  // weights only: the run starts at step 0
+  point.written_world_size = header[kWorldSize];
+  point.written_batch = header[kBatchPerRank];
+  point.written_accumulate = header[kAccumulate];
+  point.same_shape = point.written_world_size == world_size && point.written_batch == batch &&
+                     point.written_accumulate == accumulate;
+  point.same_precision = header[kSamePrecision] != 0;
+  point.epoch = header[kEpoch];
+  point.epoch_samples = header[kEpochSamples];
+  point.epoch_step = point.same_shape ? header[kEpochStep]
+                                      : point.epoch_samples / (global_batch * accumulate);
+  if (point.epoch_step >= steps_per_epoch) {
+    ++point.epoch;
+    point.epoch_step = 0;
+    point.epoch_samples = 0;
+  }
+  point.step = point.same_shape ? header[kStep] : point.epoch * steps_per_epoch + point.epoch_step;
+  point.micro_step = header[kMicroStep];
+  point.optimizer_steps = header[kOptimizerSteps];
+  // The schedule moves by the samples an update covers: scaled by the ratio of samples per step.
+  const double written_step_samples = static_cast<double>(
+      point.written_world_size * point.written_batch * point.written_accumulate);
+  point.schedule_steps =
+      point.same_shape ? header[kScheduleSteps]
+                       : std::llround(static_cast<double>(header[kScheduleSteps]) *
+                                      written_step_samples /
+                                      static_cast<double>(global_batch * accumulate));
+  point.loss_scale = std::bit_cast<double>(header[kLossScaleBits]);
+  point.scaler_growth_tracker = header[kGrowthTracker];
+  point.scaler_hysteresis_tracker = header[kHysteresisTracker];
+  point.scaler_skipped_steps = header[kSkippedSteps];
+  return point;
+}
+
+// Copies the checkpoint's FP32 masters, buffers and optimizer state into this rank's live
+// tensors: rank 0 from LOADED (checking each optimizer tensor against this optimizer's), every
+// other rank by broadcast; then the 16-bit working copy is recast.
+void restore_tensors(const std::optional<ckpt::LoadedCheckpoint>& loaded, const ResumePoint& resume,
+                     nn::Model& model, optim::Optimizer& optimizer, const comm::World& world) {
+  std::vector<optim::StateTensor> optimizer_state = optimizer.state();
+  world.run_agreed([&] {
+    if (world.rank() != 0) return;
+    exported::load_into(model, loaded->weights, loaded->buffers, loaded->path);
+    if (!resume.has_state) return;
+    const auto& stored_state = loaded->state->optimizer_tensors;
+    MPT_REQUIRE(stored_state.size() == optimizer_state.size(),
+                "checkpoint '" + loaded->path + "' holds " + std::to_string(stored_state.size()) +
+                    " optimizer state tensor(s), this optimizer has " +
+                    std::to_string(optimizer_state.size()),
+                "resume with the same --optimizer.* options (e.g. momentum on or off), or start fresh with --resume=none");
+    for (auto& live : optimizer_state) {
+      const auto found = std::find_if(stored_state.begin(), stored_state.end(),
+                                      [&](const auto& s) { return s.name == live.name; });
+      MPT_REQUIRE(found != stored_state.end() && found->value.numel() == live.value.numel(),
+                  "checkpoint '" + loaded->path + "' has no optimizer state '" + live.name +
+                      "' of " + std::to_string(live.value.numel()) + " elements",
+                  "resume with the same --optimizer.* options, or start fresh with --resume=none");
+      std::memcpy(live.value.raw(), found->value.raw(), live.value.size_bytes());
+    }
+  });
+  world.broadcast(model.master_params(), 0);
+  if (model.buffers().numel() > 0) world.broadcast(model.buffers(), 0);
+  if (resume.has_state)
+    for (auto& live : optimizer_state) world.broadcast(live.value, 0);
+  model.recast_from_master();
+}
+
 }  // namespace
 
 struct Trainer::State {
@@ -270,6 +507,9 @@ struct Trainer::State {
   RunConfig config;
   const comm::World& world;
   Clock::time_point wall_start = Clock::now();
+  // From construction on, a stop signal is recorded, not fatal: one that comes during setup
+  // stops the run at its first step boundary.
+  StopSignals stop_signals;
   std::optional<data::DatasetReader> train_reader, test_reader;
   std::optional<nn::Model> model;
   std::optional<amp::LossScaler> scaler;
@@ -346,7 +586,7 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
       ensure_directory(config.output_dir, "--output.dir");
       metrics.open(config.output_dir);
     }
-    if (root && !config.checkpoint_dir.empty()) ensure_directory(config.checkpoint_dir, "--checkpoint.dir");
+    if (root && !config.checkpoint.dir.empty()) ensure_directory(config.checkpoint.dir, "--checkpoint.dir");
   });
   // The topology is collective, so it is built between two agreed phases (every rank gets
   // here); the --comm names are then checked against it where a mistake ends every rank.
@@ -436,8 +676,43 @@ TrainSummary Trainer::run() {
   // prefetcher). Its I/O threads start now, so the first batches load during the broadcast.
   model->plan(batch);
   Tensor dlogits({batch, model->num_classes()}, DType::f32);
+
+  // Resume (--resume): rank 0 reads and verifies the checkpoint; the others learn where the run
+  // continues from one broadcast now, and the tensors once the optimizer exists.
+  const auto& checkpointing = config.checkpoint;
+  std::optional<ckpt::LoadedCheckpoint> resumed;
+  world.run_agreed([&] {
+    if (root) resumed = load_for_resume(config, *model, info);
+  });
+  Tensor resume_header({kResumeFields}, DType::i64);
+  std::fill_n(resume_header.data<std::int64_t>(), kResumeFields, 0);
+  if (root && resumed)
+    write_resume_header(*resumed, config.amp.precision, resume_header.data<std::int64_t>());
+  world.broadcast(resume_header, 0);
+  const ResumePoint resume = resume_point(resume_header.data<std::int64_t>(), world.size(), batch,
+                                          accumulate, global_batch, steps_per_epoch);
+  if (root && resume.from_checkpoint) {
+    std::printf("resumed from %s: step %lld, epoch %lld", resumed->path.c_str(),
+                static_cast<long long>(resume.checkpoint_step), static_cast<long long>(resume.epoch));
+    if (!resume.has_state)
+      std::printf(" (weights only: optimizer, loss scale and data cursor start fresh)");
+    else if (!resume.same_precision)
+      std::printf(" (written under another --train.precision: the loss scale starts fresh)");
+    else if (!resume.same_shape)
+      std::printf(" (written by %lld rank(s) x batch %lld x accumulate %lld: continues at sample "
+                  "%lld of the epoch, step %lld of this shape)",
+                  static_cast<long long>(resume.written_world_size),
+                  static_cast<long long>(resume.written_batch),
+                  static_cast<long long>(resume.written_accumulate),
+                  static_cast<long long>(resume.epoch_samples), static_cast<long long>(resume.step));
+    std::printf("\n");
+    std::fflush(stdout);
+  }
   data::Prefetcher& prefetcher = *state_->input.prefetcher;
-  prefetcher.start(0, 0, batches_for_steps(total_steps, batches_per_epoch, accumulate));
+  const std::int64_t start_step = std::min(resume.step, total_steps);
+  prefetcher.start(resume.epoch, resume.epoch_step * accumulate,
+                   batches_for_steps(total_steps, batches_per_epoch, accumulate) -
+                       batches_for_steps(start_step, batches_per_epoch, accumulate));
 
   // Rank 0 draws the initial weights and broadcasts them: the ranks start identical even if a
   // site's libm differs between nodes.
@@ -480,6 +755,24 @@ TrainSummary Trainer::run() {
   // Under 16 bits the optimizer also recasts the working copy, in the same pass over the masters.
   const bool sixteen_bit = model->precision() != DType::f32;
   if (sixteen_bit) optimizer->recast_into(model->params(), model->compute_params());
+  amp::LossScaler& scaler = *state_->scaler;
+  // The schedule's position is the optimizer's applied steps, plus this offset after a resume
+  // on another shape (ResumePoint::schedule_steps).
+  std::int64_t schedule_offset = 0;
+  if (resume.from_checkpoint) {
+    restore_tensors(resumed, resume, *model, *optimizer, world);
+    if (resume.has_state) optimizer->set_steps(resume.optimizer_steps);
+    if (resume.has_state) schedule_offset = resume.schedule_steps - resume.optimizer_steps;
+    if (resume.has_state && resume.same_precision) {
+      amp::LossScalerState restored;
+      restored.scale = resume.loss_scale;
+      restored.growth_tracker = resume.scaler_growth_tracker;
+      restored.hysteresis_tracker = resume.scaler_hysteresis_tracker;
+      restored.skipped_steps = resume.scaler_skipped_steps;
+      scaler.set_state(restored);
+    }
+  }
+  resumed.reset();  // the tensors are in place: free the file's copy
   const optim::Schedule& schedule = *state_->schedule;
   const double clip_norm = config.optimizer.clip_norm;
   if (root) {
@@ -491,9 +784,8 @@ TrainSummary Trainer::run() {
     std::printf(", schedule %s, clip-norm %g\n", config.schedule.name.c_str(), clip_norm);
     std::fflush(stdout);
   }
-  amp::LossScaler& scaler = *state_->scaler;
   const bool skip_nonfinite_loss = config.amp.on_nonfinite_loss == "skip";
-  double lr = schedule.lr(0);  // the LR of the last applied update, as logged
+  double lr = schedule.lr(optimizer->steps() + schedule_offset);  // of the last applied update, as logged
   double grad_norm = -1;       // the pre-clip norm of the last applied update (-1: not computed)
   // Samples this rank's readers left out for non-finite values (--data.on-nonfinite=skip).
   const auto skipped_samples = [&] {
@@ -542,6 +834,23 @@ TrainSummary Trainer::run() {
 
   TrainSummary summary;
   double train_seconds = 0;
+  // A checkpoint's metadata after STEP, with EPOCHS epochs complete.
+  const auto checkpoint_meta = [&](std::int64_t at_step, std::int64_t epochs) {
+    ckpt::CheckpointMeta meta;
+    meta.model_spec = model->spec();
+    meta.sample_shape = info.sample_shape;
+    meta.num_classes = model->num_classes();
+    meta.step = at_step;
+    meta.epoch = epochs;
+    meta.world_size = world.size();
+    meta.global_batch = global_batch;
+    meta.precision = config.amp.precision;
+    meta.mptrain_version = MPTRAIN_VERSION;
+    meta.git_hash = MPTRAIN_GIT_HASH;
+    meta.input_mean = info.mean;  // what the reader applied to uint8 samples; export needs it
+    meta.input_std = info.std;
+    return meta;
+  };
   // Loss and accuracy of the current logging window, summed locally and reduced when logged.
   // Loss sum, correct, samples, and (set at log time) the samples skipped so far.
   double window[4] = {0, 0, 0, 0};
@@ -554,11 +863,109 @@ TrainSummary Trainer::run() {
   auto window_start = Clock::now();
   std::int64_t window_steps = 0;
 
-  std::int64_t step = 0;        // optimizer steps
-  std::int64_t micro_step = 0;  // micro-batches, over the run: the dropout masks' key
-  for (std::int64_t epoch = 0; epoch < config.loop.epochs && step < total_steps; ++epoch) {
+  // Checkpoints: rank 0 writes (the weights are replicated), synchronously or on its writer's
+  // thread. Every decision to write or to stop is agreed at a step boundary by one small MAX
+  // all-reduce (a signal may reach one rank only; rank 0's clock decides the timed ones).
+  std::optional<CheckpointWriter> writer;
+  if (root && !checkpointing.dir.empty()) {
+    ckpt::SaveOptions save_options;
+    save_options.keep = checkpointing.keep;
+    save_options.keep_every = checkpointing.keep_every;
+    save_options.debug_pause_ms = checkpointing.debug_pause_ms;
+    writer.emplace(checkpointing.dir, save_options, checkpointing.async);
+  }
+  // The deadline of --train.time-limit and SLURM_JOB_END_TIME, less the stop margin (rank 0's).
+  std::optional<Clock::time_point> deadline;
+  world.run_agreed([&] {
+    if (!root) return;
+    const auto seconds = [](double s) {
+      return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+    };
+    if (config.loop.time_limit_s > 0)
+      deadline = wall_start + seconds(config.loop.time_limit_s - config.loop.stop_margin_s);
+    if (const auto left = slurm_seconds_left()) {
+      const auto slurm_deadline = Clock::now() + seconds(*left - config.loop.stop_margin_s);
+      deadline = deadline ? std::min(*deadline, slurm_deadline) : slurm_deadline;
+    }
+  });
+  auto last_checkpoint_at = Clock::now();
+  std::int64_t last_saved_step = -1;
+  std::map<std::int64_t, double> stalls;  // rank 0: the stall of each write not yet reported
+
+  std::int64_t step = start_step;               // optimizer steps
+  std::int64_t micro_step = resume.micro_step;  // micro-batches, over the run: the dropout masks' key
+  std::int64_t micro_batches_run = 0;           // by this process (throughput)
+  bool stopping = false;
+  // Rank 0: reports the writes that completed (all of them, when sync) with their stall.
+  const auto report_checkpoints = [&] {
+    if (!writer) return;
+    for (const auto& written : writer->take_completed()) {
+      const double stall = stalls[written.step];
+      stalls.erase(written.step);
+      summary.last_checkpoint = written.path;
+      std::printf("checkpoint: wrote %s (%lld bytes, write %.3f s, stall %.3f s, %s)\n",
+                  written.path.c_str(), static_cast<long long>(written.bytes), written.write_s,
+                  stall, writer->async() ? "async" : "sync");
+      std::fflush(stdout);
+      JsonObject record;
+      record.add("checkpoint", written.path).add("step", written.step).add("bytes", written.bytes)
+          .add("write_s", written.write_s).add("stall_s", stall).add("async", writer->async());
+      metrics.write(record);
+    }
+  };
+  // Every rank: one checkpoint of the state after STEP, whose data cursor is (EPOCH, EPOCH_STEP).
+  const auto save_checkpoint = [&](std::int64_t cursor_epoch, std::int64_t cursor_epoch_step) {
+    const auto stall_start = Clock::now();
+    world.run_agreed([&] {
+      if (!root) return;
+      // Synchronous: views of the live tensors, written before training goes on. Asynchronous:
+      // copies, into the previous snapshot's buffers.
+      const bool copy = writer->async();
+      CheckpointSnapshot snapshot = copy ? writer->recycle() : CheckpointSnapshot();
+      snapshot.meta = checkpoint_meta(step, cursor_epoch);
+      std::vector<ckpt::NamedTensor> live;
+      for (const auto& param : model->named_params()) live.push_back({param.name, param.value});
+      take_tensors(live, copy, snapshot.weights);
+      live.clear();
+      for (const auto& buffer : model->named_buffers()) live.push_back({buffer.name, buffer.value});
+      take_tensors(live, copy, snapshot.buffers);
+      live.clear();
+      for (const auto& tensor : optimizer->state()) live.push_back({tensor.name, tensor.value});
+      ckpt::TrainingState& saved = snapshot.state;
+      take_tensors(live, copy, saved.optimizer_tensors);
+      saved.optimizer = config.optimizer.name;
+      saved.optimizer_steps = optimizer->steps();
+      saved.schedule_steps = optimizer->steps() + schedule_offset;
+      const amp::LossScalerState& scaler_state = scaler.state();
+      saved.loss_scale = scaler_state.scale;
+      saved.scaler_growth_tracker = scaler_state.growth_tracker;
+      saved.scaler_hysteresis_tracker = scaler_state.hysteresis_tracker;
+      saved.scaler_skipped_steps = scaler_state.skipped_steps;
+      saved.epoch = cursor_epoch;
+      saved.epoch_step = cursor_epoch_step;
+      saved.epoch_samples = cursor_epoch_step * global_batch * accumulate;
+      saved.seed = config.loop.seed;
+      saved.micro_step = micro_step;
+      saved.batch_per_rank = batch;
+      saved.accumulate = accumulate;
+      saved.wall_time_s = seconds_since(wall_start);
+      writer->write(std::move(snapshot));
+      stalls[step] = seconds_since(stall_start);
+      report_checkpoints();
+    });
+    const double stall = world.max(seconds_since(stall_start));
+    window_start += Clock::now() - stall_start;  // the logged throughput is training's
+    summary.checkpoint_stall_s += stall;
+    ++summary.checkpoints;
+    last_saved_step = step;
+    last_checkpoint_at = Clock::now();
+  };
+
+  for (std::int64_t epoch = resume.epoch; epoch < config.loop.epochs && step < total_steps && !stopping; ++epoch) {
     const auto epoch_start = Clock::now();
-    for (std::int64_t epoch_step = 0; epoch_step < steps_per_epoch && step < total_steps; ++epoch_step) {
+    const std::int64_t first_step = epoch == resume.epoch ? resume.epoch_step : 0;
+    for (std::int64_t epoch_step = first_step; epoch_step < steps_per_epoch && step < total_steps && !stopping;
+         ++epoch_step) {
       const auto step_start = Clock::now();
       const std::int64_t first_batch = epoch_step * accumulate;
       // The epoch's last group may be short; its loss gradient scale follows its real size, so
@@ -637,6 +1044,7 @@ TrainSummary Trainer::run() {
         window[1] += static_cast<double>(stats.correct);
         window[2] += static_cast<double>(batch);
         ++micro_step;
+        ++micro_batches_run;
       }
       if (fail_in_comm) {  // not injected by the hook (overlap off): after the first bucket
         fail_in_comm = false;
@@ -660,7 +1068,7 @@ TrainSummary Trainer::run() {
         // The masters hold the unscaled, all-reduced gradients: the same norm on every rank.
         if (clip_norm > 0) grad_norm = optim::clip_by_global_norm(model->master_grads(), clip_norm);
         // Applied steps only: a skipped step does not advance the schedule.
-        lr = schedule.lr(optimizer->steps());
+        lr = schedule.lr(optimizer->steps() + schedule_offset);
         optimizer->step(static_cast<float>(lr));  // and, under 16 bits, the recast
       } else if (root) {
         std::printf("step %lld: gradient overflow%s, loss scale %g -> %g, step skipped (%lld skipped so far)\n",
@@ -672,8 +1080,33 @@ TrainSummary Trainer::run() {
       ++step;
       ++window_steps;
 
+      // MPTRAIN_FAULT=stop-signal:RANK:STEP: RANK gets SIGUSR1 as step STEP ends, as from a
+      // scheduler, at a step the tests can name (the handler runs before raise returns).
+      if (fault_now && state_->fault.kind == "stop-signal") std::raise(SIGUSR1);
+      // Stop and checkpoint decisions, agreed: a stop signal on any rank, rank 0's timed
+      // checkpoint or deadline, a failed asynchronous write on rank 0.
+      double decide[4] = {StopSignals::received() != 0 ? 1.0 : 0.0, 0, 0, 0};
+      if (root) {
+        report_checkpoints();
+        decide[1] = checkpointing.every_minutes > 0 &&
+                    seconds_since(last_checkpoint_at) >= 60 * checkpointing.every_minutes;
+        decide[2] = deadline && Clock::now() >= *deadline;
+        decide[3] = writer && writer->failed();
+      }
+      world.allreduce_max(decide, 4);
+      if (decide[3] > 0) world.run_agreed([&] { if (root) writer->finish(); });  // rethrows there
+      if (decide[0] > 0 || decide[2] > 0) {
+        stopping = true;
+        summary.stop_reason = decide[0] > 0 ? "signal" : "time-limit";
+      }
+      const bool epoch_ends = epoch_step + 1 == steps_per_epoch;
+      if (!checkpointing.dir.empty() && step < total_steps &&
+          (stopping || decide[1] > 0 ||
+           (checkpointing.every_steps > 0 && step % checkpointing.every_steps == 0)))
+        save_checkpoint(epoch_ends ? epoch + 1 : epoch, epoch_ends ? 0 : epoch_step + 1);
+
       const bool log_now = step % config.loop.log_every == 0 || step == total_steps ||
-                           epoch_step + 1 == steps_per_epoch;
+                           epoch_step + 1 == steps_per_epoch || stopping;
       if (!log_now) continue;
       window[3] = static_cast<double>(skipped_samples());
       world.allreduce_sum(window, 4);
@@ -716,7 +1149,7 @@ TrainSummary Trainer::run() {
     summary.epochs = epoch + 1;
     const bool epoch_complete = step % steps_per_epoch == 0;
     const bool last = step >= total_steps;
-    if (test_reader && (epoch_complete || last)) {
+    if (test_reader && (epoch_complete || last) && !stopping) {
       const auto eval_start = Clock::now();
       // Without sync BN every rank's running statistics drift apart; evaluate (and later save)
       // rank 0's on every rank, as PyTorch DDP broadcasts buffers, so that this evaluation is
@@ -760,30 +1193,30 @@ TrainSummary Trainer::run() {
   summary.comm_time_s = run_max[2];
   summary.exposed_comm_time_s = run_max[3];
   summary.samples_per_s =
-      train_seconds > 0 ? static_cast<double>(micro_step * global_batch) / train_seconds : 0;
+      train_seconds > 0 ? static_cast<double>(micro_batches_run * global_batch) / train_seconds : 0;
   if (config.model.sync_bn) model->set_stats_reducer({});  // it refers to this function's locals
 
+  // The last checkpoint: the state at the end (unless the stop already wrote it, or a resumed
+  // run had nothing left to do), then every write finished before the run reports.
+  if (!checkpointing.dir.empty() && last_saved_step != step &&
+      (step > start_step || !resume.from_checkpoint))
+    save_checkpoint(step / steps_per_epoch, step % steps_per_epoch);
   world.run_agreed([&] {
-    if (!root || config.checkpoint_dir.empty()) return;
-    ckpt::CheckpointMeta meta;
-    meta.model_spec = model->spec();
-    meta.sample_shape = info.sample_shape;
-    meta.num_classes = model->num_classes();
-    meta.step = step;
-    meta.epoch = summary.epochs;
-    meta.world_size = world.size();
-    meta.global_batch = global_batch;
-    meta.precision = config.amp.precision;
-    meta.mptrain_version = MPTRAIN_VERSION;
-    meta.git_hash = MPTRAIN_GIT_HASH;
-    meta.input_mean = info.mean;  // what the reader applied to uint8 samples; export needs it
-    meta.input_std = info.std;
-    std::vector<ckpt::NamedTensor> weights, buffers;
-    for (const auto& param : model->named_params()) weights.push_back({param.name, param.value});
-    for (const auto& buffer : model->named_buffers()) buffers.push_back({buffer.name, buffer.value});
-    const std::string path = ckpt::save_weights(config.checkpoint_dir, meta, weights, buffers);
-    std::printf("checkpoint: wrote %s\n", path.c_str());
+    if (!writer) return;
+    writer->finish();
+    report_checkpoints();
   });
+  if (root && stopping) {
+    std::printf("stopped %s at step %lld, checkpoint %s\n",
+                summary.stop_reason == "signal" ? "by signal" : "for the time limit",
+                static_cast<long long>(step),
+                summary.last_checkpoint.empty() ? "none (no --checkpoint.dir)" : summary.last_checkpoint.c_str());
+    std::fflush(stdout);
+  }
+  if (root && resume.from_checkpoint && step == start_step)
+    std::printf("nothing to train: the checkpoint is at step %lld, the run ends at step %lld\n",
+                static_cast<long long>(start_step), static_cast<long long>(total_steps));
+  summary.resumed_from_step = resume.from_checkpoint ? resume.checkpoint_step : -1;
 
   summary.wall_s = world.max(seconds_since(wall_start));
   if (root) {
@@ -805,6 +1238,9 @@ TrainSummary Trainer::run() {
         .add("precision", config.amp.precision).add("loss_scale", summary.loss_scale)
         .add("skipped_steps", summary.skipped_steps).add("skipped_samples", summary.skipped_samples)
         .add("wall_s", summary.wall_s).add("model", model->spec()).add("num_params", model->num_params())
+        .add("stop_reason", summary.stop_reason).add("resumed_from_step", summary.resumed_from_step)
+        .add("checkpoints", summary.checkpoints).add("checkpoint_stall_s", summary.checkpoint_stall_s)
+        .add("last_checkpoint", summary.last_checkpoint)
         .add("matmul", kernels::matmul_backend() == kernels::MatmulBackend::dnnl ? "onednn" : "blas")
         .add("mptrain_version", MPTRAIN_VERSION).add("git_hash", MPTRAIN_GIT_HASH);
     if (!config.output_dir.empty()) write_text_file(config.output_dir + "/summary.json", json.str());
@@ -813,7 +1249,7 @@ TrainSummary Trainer::run() {
     if (summary.comm_time_s > 0)
       std::printf(", comm %.2f s (%.0f%% exposed)", summary.comm_time_s,
                   100 * summary.exposed_comm_time_s / summary.comm_time_s);
-    if (test_reader) std::printf(", test accuracy %.4f", summary.test_accuracy);
+    if (test_reader && summary.test_accuracy >= 0) std::printf(", test accuracy %.4f", summary.test_accuracy);
     std::printf(", %.1f s\n", summary.wall_s);
     std::fflush(stdout);
   }

@@ -80,6 +80,31 @@ expect_error "inspect missing file" 1 "$TMP/none.h5" inspect "$TMP/none.h5"
 expect_error "eval corrupt checkpoint" 2 "$TMP/text.h5" eval --checkpoint="$TMP/text.h5" --data.test="$D/test.h5"
 expect_error "eval missing checkpoint" 2 "$TMP/nockpt" eval --checkpoint="$TMP/nockpt" --data.test="$D/test.h5"
 
+# Checkpoint, resume and stop options (issue #7).
+expect_error "resume auto without a dir" 2 "--resume=auto needs --checkpoint.dir" \
+  train --data.train="$D/train.h5" --resume=auto --output.dir="$TMP/o"
+expect_error "resume a missing file" 2 "checkpoint file '$TMP/nockpt.h5' not found" \
+  train --data.train="$D/train.h5" --resume="$TMP/nockpt.h5" --output.dir="$TMP/o"
+expect_error "periodic checkpoints without a dir" 2 "--checkpoint.every-steps" \
+  train --data.train="$D/train.h5" --checkpoint.every-steps=5 --output.dir="$TMP/o"
+expect_error "keep zero" 2 "--checkpoint.keep must be >= 1" \
+  train --data.train="$D/train.h5" --checkpoint.dir="$TMP/ck0" --checkpoint.keep=0 --output.dir="$TMP/o"
+expect_error "bad time limit" 2 "--train.time-limit has a bad duration '1h'" \
+  train --data.train="$D/train.h5" --train.time-limit=1h --output.dir="$TMP/o"
+expect_error "time limit inside the margin" 2 "--train.time-limit (60 s) is not longer than --train.stop-margin (120 s)" \
+  train --data.train="$D/train.h5" --train.time-limit=00:01:00 --output.dir="$TMP/o"
+SLURM_JOB_END_TIME=soon expect_error "bad SLURM_JOB_END_TIME" 2 "SLURM_JOB_END_TIME='soon'" \
+  train --data.train="$D/train.h5" --output.dir="$TMP/o"
+# A checkpoint of one model does not resume another: the message names the first parameter.
+"$MPIEXEC" -n 1 "$MPTRAIN" train --data.train="$D/train.h5" --model.layers=dense:32,relu,dense:10 \
+  --train.max-steps=2 --checkpoint.dir="$TMP/ck-small" --output.dir="$TMP/o" >/dev/null 2>&1
+expect_error "resume another model" 2 "dense0/weight" \
+  train --data.train="$D/train.h5" --model.layers=dense:48,relu,dense:10 --checkpoint.dir="$TMP/ck-small" \
+  --resume=auto --output.dir="$TMP/o"
+expect_error "resume with another optimizer" 2 "--optimizer.name=sgd, this run uses adamw" \
+  train --data.train="$D/train.h5" --model.layers=dense:32,relu,dense:10 --checkpoint.dir="$TMP/ck-small" \
+  --resume=auto --optimizer.name=adamw --output.dir="$TMP/o"
+
 # Labels out of range need a file written by another tool; h5py is one users have.
 if "$PY" -c 'import h5py, numpy' 2>/dev/null; then
   "$PY" - "$D/train.h5" "$TMP/badlabels.h5" <<'PYEOF'

@@ -60,7 +60,7 @@ TEST(Cli, IniSectionsMapToDottedNamesAndCommandLineWins) {
   EXPECT_DOUBLE_EQ(parsed.run.optimizer.momentum, 0.5);
   EXPECT_DOUBLE_EQ(parsed.run.optimizer.weight_decay, 0.001);
   EXPECT_EQ(parsed.run.output_dir, "out");
-  EXPECT_EQ(parsed.run.checkpoint_dir, "ck");
+  EXPECT_EQ(parsed.run.checkpoint.dir, "ck");
 }
 
 TEST(Cli, UnknownCommandLineOptionIsNamed) {

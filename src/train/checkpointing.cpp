@@ -1,0 +1,134 @@
+#include "train/checkpointing.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <utility>
+
+#include "core/error.hpp"
+
+namespace mpt::train {
+namespace {
+
+constexpr int kStopSignals[3] = {SIGTERM, SIGUSR1, SIGINT};
+
+// Lock-free, so storing from a signal handler is async-signal-safe.
+std::atomic<int> g_received{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+
+extern "C" void record_stop_signal(int signal_number) {
+  int none = 0;
+  g_received.compare_exchange_strong(none, signal_number, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+StopSignals::StopSignals() {
+  g_received.store(0, std::memory_order_relaxed);
+  struct sigaction action = {};
+  action.sa_handler = record_stop_signal;
+  sigemptyset(&action.sa_mask);
+  // SA_RESTART: a signal during a blocking read or write resumes it rather than failing it.
+  action.sa_flags = SA_RESTART;
+  for (int i = 0; i < 3; ++i) sigaction(kStopSignals[i], &action, &previous_[i]);
+}
+
+StopSignals::~StopSignals() {
+  for (int i = 0; i < 3; ++i) sigaction(kStopSignals[i], &previous_[i], nullptr);
+}
+
+int StopSignals::received() { return g_received.load(std::memory_order_relaxed); }
+
+CheckpointWriter::CheckpointWriter(std::string dir, ckpt::SaveOptions options, bool async)
+    : dir_(std::move(dir)), options_(options), async_(async) {
+  if (async_) thread_ = std::thread([this] { thread_main(); });
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+CheckpointWritten CheckpointWriter::save(const CheckpointSnapshot& snapshot) const {
+  const auto start = std::chrono::steady_clock::now();
+  CheckpointWritten written;
+  written.path = ckpt::save_checkpoint(dir_, snapshot.meta, snapshot.weights, snapshot.buffers,
+                                       snapshot.state, options_);
+  written.write_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  written.step = snapshot.meta.step;
+  std::error_code error;
+  const auto bytes = std::filesystem::file_size(written.path, error);
+  written.bytes = error ? 0 : static_cast<std::int64_t>(bytes);
+  return written;
+}
+
+void CheckpointWriter::write(CheckpointSnapshot snapshot) {
+  if (!async_) {
+    CheckpointWritten written = save(snapshot);
+    std::lock_guard<std::mutex> lock(mutex_);
+    completed_.push_back(std::move(written));
+    return;
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return !busy_ && !pending_; });
+  if (error_) std::rethrow_exception(error_);
+  pending_ = std::move(snapshot);
+  changed_.notify_all();
+}
+
+CheckpointSnapshot CheckpointWriter::recycle() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return !busy_ && !pending_; });
+  if (error_) std::rethrow_exception(error_);
+  return std::exchange(spare_, {});
+}
+
+std::vector<CheckpointWritten> CheckpointWriter::take_completed() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(completed_, {});
+}
+
+bool CheckpointWriter::failed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_ != nullptr;
+}
+
+void CheckpointWriter::finish() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return !busy_ && !pending_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+void CheckpointWriter::thread_main() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stopping_ || pending_.has_value(); });
+    if (!pending_) return;  // stopping, nothing left to write
+    CheckpointSnapshot snapshot = std::move(*pending_);
+    pending_.reset();
+    busy_ = true;
+    lock.unlock();
+    std::optional<CheckpointWritten> written;
+    std::exception_ptr error;
+    try {
+      written = save(snapshot);
+    } catch (...) {
+      // Kept for the training thread: it reports it where every rank can agree to stop.
+      error = std::current_exception();
+    }
+    lock.lock();
+    busy_ = false;
+    spare_ = std::move(snapshot);
+    if (written) completed_.push_back(std::move(*written));
+    if (error && !error_) error_ = error;
+    changed_.notify_all();
+  }
+}
+
+}  // namespace mpt::train
