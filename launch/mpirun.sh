@@ -21,6 +21,11 @@ Environment:
   MPTRAIN_BIN          the binary (default build/release/mptrain, relative to the repository)
   MPIRUN               the launcher (default mpirun)
   MPTRAIN_MPIRUN_ARGS  extra mpirun arguments, split on spaces (e.g. "--report-bindings")
+  MPTRAIN_ECHO         1: print the mpirun command line to stderr before running it
+
+To stop a training run cleanly (checkpoint, exit 0), send SIGUSR1 to mpirun, which forwards it
+to every rank; mpirun answers SIGTERM and SIGINT by killing the ranks. launch/mpirun-train.sh
+does this for you.
 EOF
 }
 
@@ -79,4 +84,7 @@ if [[ -n "${MPTRAIN_MPIRUN_ARGS:-}" ]]; then
   mpirun_args+=("${extra[@]}")
 fi
 
+if [[ "${MPTRAIN_ECHO:-0}" == 1 ]]; then
+  { printf '+'; printf ' %q' "${MPIRUN:-mpirun}" "${mpirun_args[@]}" "${command[@]}"; echo; } >&2
+fi
 exec "${MPIRUN:-mpirun}" "${mpirun_args[@]}" "${command[@]}"
