@@ -28,6 +28,7 @@
 #include "core/crc32c.hpp"
 #include "core/error.hpp"
 #include "core/hdf5.hpp"
+#include "core/sha256.hpp"
 
 namespace mpt::ckpt {
 namespace {
@@ -355,6 +356,7 @@ void write_meta(hid_t root, const CheckpointMeta& meta) {
   hdf5_write_attribute(root, "mptrain_format", kFormat);
   hdf5_write_attribute(root, "format_version", kFormatVersion);
   hdf5_write_attribute(root, "model_spec", meta.model_spec);
+  hdf5_write_attribute(root, "model_spec_sha256", sha256_hex(meta.model_spec));
   hdf5_write_attribute(root, "sample_shape", std::vector<std::int64_t>(meta.sample_shape));
   hdf5_write_attribute(root, "num_classes", static_cast<std::int32_t>(meta.num_classes));
   hdf5_write_attribute(root, "step", meta.step);
@@ -881,6 +883,11 @@ LoadedCheckpoint load_weights(const std::string& path_or_dir) {
   loaded.path = path;
   CheckpointMeta& meta = loaded.meta;
   meta.model_spec = require_string("model_spec");
+  // Format 2 adds the spec's digest: a spec that does not match it was damaged.
+  if (const auto digest = hdf5_read_string_attribute(root, "model_spec_sha256"))
+    MPT_REQUIRE(*digest == sha256_hex(meta.model_spec),
+                "checkpoint '" + path + "': the model_spec attribute does not match its model_spec_sha256",
+                kDamagedHint);
   const auto sample_shape = hdf5_read_int_array_attribute(root, "sample_shape");
   MPT_REQUIRE(sample_shape.has_value(),
               "checkpoint '" + path + "' lacks the attribute 'sample_shape'", kDamagedHint);

@@ -390,6 +390,12 @@ std::optional<ckpt::LoadedCheckpoint> load_for_resume(const RunConfig& config, n
   std::vector<ckpt::NamedTensor> expected;
   for (const auto& param : model.named_params()) expected.push_back({param.name, param.value});
   ckpt::check_weights_match(*loaded, expected);
+  // The same weights can serve another network (relu against gelu, a dropout rate): the spec
+  // must match too.
+  MPT_REQUIRE(loaded->meta.model_spec == model.spec(),
+              "checkpoint '" + loaded->path + "' was written for the model '" +
+                  loaded->meta.model_spec + "', this run builds '" + model.spec() + "'",
+              hint);
   if (loaded->state) {
     MPT_REQUIRE(loaded->state->optimizer == config.optimizer.name,
                 "checkpoint '" + loaded->path + "' was written with --optimizer.name=" +

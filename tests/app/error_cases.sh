@@ -101,6 +101,10 @@ SLURM_JOB_END_TIME=soon expect_error "bad SLURM_JOB_END_TIME" 2 "SLURM_JOB_END_T
 expect_error "resume another model" 2 "dense0/weight" \
   train --data.train="$D/train.h5" --model.layers=dense:48,relu,dense:10 --checkpoint.dir="$TMP/ck-small" \
   --resume=auto --output.dir="$TMP/o"
+expect_error "resume another network with the same weights" 2 \
+  "was written for the model 'dense:32,relu,dense:10', this run builds 'dense:32,gelu,dense:10'" \
+  train --data.train="$D/train.h5" --model.layers=dense:32,gelu,dense:10 --checkpoint.dir="$TMP/ck-small" \
+  --resume=auto --output.dir="$TMP/o"
 expect_error "resume with another optimizer" 2 "--optimizer.name=sgd, this run uses adamw" \
   train --data.train="$D/train.h5" --model.layers=dense:32,relu,dense:10 --checkpoint.dir="$TMP/ck-small" \
   --resume=auto --optimizer.name=adamw --output.dir="$TMP/o"

@@ -484,6 +484,25 @@ TEST(Checkpoint, FlippedBytesInTheStateAttributesAreDetected) {
   }
 }
 
+TEST(Checkpoint, AModelSpecThatDoesNotMatchItsDigestIsRefused) {
+  TempDir dir("ckpt-spec-digest");
+  const std::string path = save_step(dir, 4);
+  {
+    const auto loaded = load_weights(path);
+    EXPECT_FALSE(loaded.meta.model_spec.empty());
+  }
+  {
+    // Rewritten through HDF5 (its own header checksums stay valid): only the digest can tell.
+    Hdf5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+    ASSERT_TRUE(file.valid());
+    ASSERT_GE(H5Adelete(file.get(), "model_spec"), 0);
+    hdf5_write_attribute(file.get(), "model_spec", std::string("dense:99,relu,dense:10"));
+  }
+  const std::string text = user_error_text([&] { load_weights(path); });
+  EXPECT_NE(text.find("model_spec_sha256"), std::string::npos) << text;
+  EXPECT_NE(text.find(path), std::string::npos) << text;
+}
+
 TEST(Checkpoint, NewestValidFallsBackPastDamagedCheckpoints) {
   TempDir dir("ckpt-fallback");
   SaveOptions options;
