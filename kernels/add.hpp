@@ -10,11 +10,15 @@ namespace mpt::kernels {
 namespace host {
 void add(const Tensor& a, const Tensor& b, Tensor& y);
 }
+// The CUDA twin (kernels/cuda/add.cu), same contract, every tensor on the cuda device.
+namespace cuda {
+void add(const Tensor& a, const Tensor& b, Tensor& y);
+}
 
 // Y = A + B, computed in f32 and rounded once into Y's storage. All three hold the same number of
-// elements; Y may alias A or B.
+// elements; Y may alias A or B. Also the gradient accumulation of --train.accumulate.
 inline void add(const Tensor& a, const Tensor& b, Tensor& y) {
-  if (a.device() != Device::cpu) detail::built_without_cuda("kernels::add");
+  MPT_DISPATCH_CUDA(a, add, a, b, y);
   host::add(a, b, y);
 }
 

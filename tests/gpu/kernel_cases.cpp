@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/adamw.hpp"
+#include "kernels/add.hpp"
 #include "kernels/bias.hpp"
 #include "kernels/cast.hpp"
 #include "kernels/copy.hpp"
@@ -136,6 +137,31 @@ void case_copy(Harness& h, Random& rng) {
   h.expect_same_bytes("copy host -> device -> device -> host", back, x);
   on_device.zero();
   h.expect_same_bytes("Tensor::zero on the device", on_device, Tensor(x.shape(), DType::f32));
+}
+
+void case_add(Harness& h, Random& rng) {
+  // Every mix the trainer makes (16-bit gradients into an f32 accumulator and back, residual
+  // branches), with the in-place form; f32 sums rounded once: the same bytes on both sides.
+  const DType mixes[][3] = {{DType::f32, DType::f32, DType::f32},
+                            {DType::f32, DType::f16, DType::f32},
+                            {DType::bf16, DType::f32, DType::bf16},
+                            {DType::f16, DType::f16, DType::f16},
+                            {DType::bf16, DType::bf16, DType::f32}};
+  for (const auto& mix : mixes) {
+    Tensor a = rng.tensor({kN}, mix[0]), b = rng.tensor({kN}, mix[1]);
+    plant_specials(a);
+    Tensor y(a.shape(), mix[2]), yd(a.shape(), mix[2], Device::cuda);
+    Tensor ad = dev(a), bd = dev(b);
+    const std::string label = std::string("add") + tag(mix[0]) + tag(mix[1]) + " ->" + tag(mix[2]);
+    kernels::add(a, b, y);
+    kernels::add(ad, bd, yd);
+    h.expect_same_bytes(label, yd, y);
+    if (mix[0] == mix[2]) {  // in place, as the accumulation runs
+      kernels::add(a, b, a);
+      kernels::add(ad, bd, ad);
+      h.expect_same_bytes(label + " in place", ad, a);
+    }
+  }
 }
 
 void case_scale(Harness& h, Random& rng) {

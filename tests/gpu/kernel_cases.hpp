@@ -24,6 +24,7 @@ struct KernelCase {
 };
 
 void case_adamw(Harness&, Random&);
+void case_add(Harness&, Random&);
 void case_bias(Harness&, Random&);
 void case_cast(Harness&, Random&);
 void case_copy(Harness&, Random&);
@@ -40,6 +41,7 @@ void case_unscale_check(Harness&, Random&);
 
 inline constexpr KernelCase kKernelCases[] = {
     {"adamw.hpp", "adamw_update", CaseStatus::cuda, case_adamw},
+    {"add.hpp", "add (residual, gradient accumulation)", CaseStatus::cuda, case_add},
     {"bias.hpp", "bias_add_forward/backward", CaseStatus::cuda, case_bias},
     {"cast.hpp", "cast, round_and_widen", CaseStatus::cuda, case_cast},
     {"copy.hpp", "copy host<->device", CaseStatus::cuda, case_copy},
@@ -54,7 +56,6 @@ inline constexpr KernelCase kKernelCases[] = {
     {"softmax_xent.hpp", "softmax_xent_forward(_backward)", CaseStatus::cuda, case_softmax_xent},
     {"unscale_check.hpp", "unscale_and_check", CaseStatus::cuda, case_unscale_check},
     // Host-only, pending: their CUDA twins (cuDNN for convolution and pooling) come next.
-    {"add.hpp", "add", CaseStatus::host_pending, nullptr},
     {"batchnorm.hpp", "batchnorm", CaseStatus::host_pending, nullptr},
     {"conv2d.hpp", "im2col, col2im, channel bias", CaseStatus::host_pending, nullptr},
     {"dropout.hpp", "dropout", CaseStatus::host_pending, nullptr},
