@@ -108,6 +108,12 @@ void World::allreduce_max(double* values, int count) const {
   MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, MPI_MAX, comm_));
 }
 
+void World::gather(const double* values, int count, std::vector<double>& out, int root) const {
+  if (rank_ == root) out.resize(static_cast<std::size_t>(count) * static_cast<std::size_t>(size_));
+  MPT_CHECK_MPI(MPI_Gather(values, count, MPI_DOUBLE, rank_ == root ? out.data() : nullptr, count,
+                           MPI_DOUBLE, root, comm_));
+}
+
 void World::barrier() const { MPT_CHECK_MPI(MPI_Barrier(comm_)); }
 
 }  // namespace mpt::comm

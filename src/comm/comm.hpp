@@ -9,6 +9,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/tensor.hpp"
 
@@ -64,6 +65,9 @@ class World {
   double max(double value) const;
   // Element-wise maximum of VALUES over all ranks, in place (several maxima in one collective).
   void allreduce_max(double* values, int count) const;
+  // ROOT receives every rank's COUNT VALUES, rank after rank, in OUT (resized; untouched on the
+  // other ranks): per-rank statistics in one small collective.
+  void gather(const double* values, int count, std::vector<double>& out, int root) const;
   void barrier() const;
 
  private:

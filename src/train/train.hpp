@@ -129,6 +129,7 @@ struct TrainSummary {
   double data_wait_fraction = 0;  // data_wait_s / training time
   double comm_time_s = 0;          // gradient all-reduce time on the reducer's thread, slowest rank
   double exposed_comm_time_s = 0;  // of which backward did not hide (wait() blocked), slowest rank
+  double forward_s = 0, backward_s = 0, optimizer_s = 0;  // the step-time breakdown, slowest rank
   double loss_scale = 1;          // at the end
   std::int64_t skipped_steps = 0;  // steps skipped for non-finite gradients or loss
   std::int64_t skipped_samples = 0;  // samples skipped for non-finite values (--data.on-nonfinite=skip)

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "amp/amp.hpp"
@@ -104,9 +105,11 @@ Fault parse_fault(const std::string& text) {
     }
   }
   const bool known = fault.kind == "nan-grad" || fault.kind == "comm-error" ||
-                     fault.kind == "comm-crash" || fault.kind == "stop-signal";
+                     fault.kind == "comm-crash" || fault.kind == "stop-signal" ||
+                     fault.kind == "slow-rank";
   MPT_REQUIRE(ok && known && fault.rank >= 0 && fault.step >= 1,
-              "MPTRAIN_FAULT='" + text + "' is not KIND:RANK:STEP with KIND nan-grad, comm-error, comm-crash or stop-signal",
+              "MPTRAIN_FAULT='" + text + "' is not KIND:RANK:STEP with KIND nan-grad, comm-error, "
+              "comm-crash, stop-signal or slow-rank (KIND:RANK:MS)",
               "unset MPTRAIN_FAULT; it is a test hook (docs/testing.md)");
   return fault;
 }
@@ -312,6 +315,51 @@ struct InputPipeline {
   }
 };
 
+
+// ---- step-time breakdown ------------------------------------------------------------------------
+
+// What each rank sends rank 0 per logging window, in this order.
+enum BreakdownField : int {
+  kWindowSeconds, kDataWait, kForward, kBackward, kComm, kExposed, kOptimizer, kCheckpoint,
+  kBreakdownFields
+};
+
+struct WindowBreakdown {
+  double max[kBreakdownFields] = {};  // each part's maximum over the ranks
+  double max_other = 0;       // the largest part of a rank's window outside the parts
+  double min_accounted = 1;   // the smallest share of a rank's window that the parts explain
+  int straggler = -1;         // a rank busy > 1.2x the median rank, -1 if none
+  double straggler_busy = 0, median_busy = 0;
+};
+
+// GATHERED: kBreakdownFields values per rank. A rank's busy time is what it spent on its own
+// work (data wait, forward, backward, optimizer): the others then wait for it in the exposed
+// all-reduce, so busy time, not the window, shows who holds the job back.
+WindowBreakdown summarize_breakdown(const std::vector<double>& gathered, int ranks) {
+  WindowBreakdown result;
+  std::vector<double> busy(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    const double* v = gathered.data() + static_cast<std::size_t>(r) * kBreakdownFields;
+    for (int f = 0; f < kBreakdownFields; ++f) result.max[f] = std::max(result.max[f], v[f]);
+    const double parts = v[kDataWait] + v[kForward] + v[kBackward] + v[kExposed] +
+                         v[kOptimizer] + v[kCheckpoint];
+    result.max_other = std::max(result.max_other, v[kWindowSeconds] - parts);
+    if (v[kWindowSeconds] > 0)
+      result.min_accounted = std::min(result.min_accounted, parts / v[kWindowSeconds]);
+    busy[static_cast<std::size_t>(r)] = v[kDataWait] + v[kForward] + v[kBackward] + v[kOptimizer];
+  }
+  std::vector<double> sorted = busy;
+  std::sort(sorted.begin(), sorted.end());
+  result.median_busy = sorted[(sorted.size() - 1) / 2];  // the lower one: 2 ranks compare
+  if (ranks > 1 && result.median_busy > 0) {
+    const auto slowest = std::max_element(busy.begin(), busy.end());
+    if (*slowest > 1.2 * result.median_busy) {
+      result.straggler = static_cast<int>(slowest - busy.begin());
+      result.straggler_busy = *slowest;
+    }
+  }
+  return result;
+}
 
 // ---- checkpoints -------------------------------------------------------------------------------
 
@@ -865,6 +913,12 @@ TrainSummary Trainer::run() {
   // Seconds the reducer's thread spent all-reducing, and the part of it that wait() blocked
   // (not hidden behind backward); summed over a window's steps, the slowest rank's logged.
   double window_comm = 0, window_exposed = 0, total_comm = 0, total_exposed = 0;
+  // The rest of the step-time breakdown (docs/architecture.md, "Step-time breakdown"): seconds
+  // in forward (and the loss), backward (with the accumulation copies), the optimizer (unscale,
+  // check, clip, update) and checkpoints, summed over the window and over the run.
+  double window_forward = 0, window_backward = 0, window_optimizer = 0, window_checkpoint = 0;
+  double total_forward = 0, total_backward = 0, total_optimizer = 0;
+  std::vector<double> gathered;  // rank 0: every rank's window statistics
   double last_window_loss = std::nan("");
   auto window_start = Clock::now();
   std::int64_t window_steps = 0;
@@ -959,8 +1013,8 @@ TrainSummary Trainer::run() {
       stalls[step] = seconds_since(stall_start);
       report_checkpoints();
     });
+    window_checkpoint += seconds_since(stall_start);  // before the MAX: this rank's own
     const double stall = world.max(seconds_since(stall_start));
-    window_start += Clock::now() - stall_start;  // the logged throughput is training's
     summary.checkpoint_stall_s += stall;
     ++summary.checkpoints;
     last_saved_step = step;
@@ -996,12 +1050,18 @@ TrainSummary Trainer::run() {
                     ", " + std::to_string(first_batch + micro) + ")");
         // Dropout masks keyed by (seed, layer, global micro-batch, global sample index): the
         // same on resume, and different for each micro-batch of a step.
+        const auto forward_start = Clock::now();
         model->set_rng(
             config.loop.seed, static_cast<std::uint64_t>(micro_step),
             static_cast<std::uint64_t>(world.rank()) * static_cast<std::uint64_t>(batch));
+        // MPTRAIN_FAULT=slow-rank:RANK:MS: RANK's forward takes MS longer (a straggler).
+        if (state_->fault.kind == "slow-rank" && state_->fault.rank == world.rank())
+          std::this_thread::sleep_for(std::chrono::milliseconds(state_->fault.step));
         const Tensor& logits = model->forward(input.samples, /*training=*/true);
         const auto stats = kernels::softmax_xent_forward_backward(
             logits, input.labels, dlogits, grad_scale * static_cast<float>(loss_scale));
+        const auto backward_start = Clock::now();
+        window_forward += std::chrono::duration<double>(backward_start - forward_start).count();
         const bool loss_finite = std::isfinite(stats.loss_sum);
         step_loss_finite = step_loss_finite && loss_finite;
         // Only the last micro-batch communicates; its buckets go out while backward runs. A rank
@@ -1046,6 +1106,7 @@ TrainSummary Trainer::run() {
           if (accumulating) add_accumulated(0);
           if (must_poison) poison(grads);
         }
+        window_backward += seconds_since(backward_start);
         window[0] += stats.loss_sum;
         window[1] += static_cast<double>(stats.correct);
         window[2] += static_cast<double>(batch);
@@ -1062,6 +1123,7 @@ TrainSummary Trainer::run() {
       window_exposed += reducer.last_exposed_seconds();
       total_comm += reducer.last_comm_seconds();
       total_exposed += reducer.last_exposed_seconds();
+      const auto optimizer_start = Clock::now();
       const bool loss_finite = step_loss_finite;
       // After the all-reduce every rank holds the same gradients, so every rank reaches the
       // same verdict here and skips (or applies) the same steps with no further collective.
@@ -1082,6 +1144,7 @@ TrainSummary Trainer::run() {
                     decision.old_scale, decision.new_scale,
                     static_cast<long long>(scaler.state().skipped_steps));
       }
+      window_optimizer += seconds_since(optimizer_start);
       train_seconds += seconds_since(step_start);
       ++step;
       ++window_steps;
@@ -1099,7 +1162,11 @@ TrainSummary Trainer::run() {
         decide[2] = deadline && Clock::now() >= *deadline;
         decide[3] = writer && writer->failed();
       }
+      const auto agree_start = Clock::now();
       world.allreduce_max(decide, 4);
+      // Waiting here is waiting for the slowest rank, like the all-reduce's exposed part: the
+      // breakdown counts it there.
+      window_exposed += seconds_since(agree_start);
       if (decide[3] > 0) world.run_agreed([&] { if (root) writer->finish(); });  // rethrows there
       if (decide[0] > 0 || decide[2] > 0) {
         stopping = true;
@@ -1116,29 +1183,52 @@ TrainSummary Trainer::run() {
       if (!log_now) continue;
       window[3] = static_cast<double>(skipped_samples());
       world.allreduce_sum(window, 4);
-      // One MAX reduction for both: the slowest rank sets the pace, and the rank that waited
-      // longest for data is the one a user must look at.
-      double window_max[4] = {seconds_since(window_start), window_data_wait, window_comm,
-                              window_exposed};
-      world.allreduce_max(window_max, 4);
-      const double window_seconds = window_max[0];
-      const double data_wait_fraction = window_seconds > 0 ? window_max[1] / window_seconds : 0;
+      // Every rank's breakdown reaches rank 0 in one gather per window: it logs the maximum of
+      // each part (the slowest rank sets the pace) and names a straggler.
+      const double mine[kBreakdownFields] = {seconds_since(window_start), window_data_wait,
+                                             window_forward, window_backward, window_comm,
+                                             window_exposed, window_optimizer, window_checkpoint};
+      world.gather(mine, kBreakdownFields, gathered, 0);
       const double loss = window[0] / window[2];
       last_window_loss = loss;
-      const double samples_per_s = window[2] / window_seconds;
       if (root) {
+        const WindowBreakdown parts = summarize_breakdown(gathered, world.size());
+        // Throughput is training's: the checkpoints' stall is reported beside it, not in it.
+        const double training_seconds = parts.max[kWindowSeconds] - parts.max[kCheckpoint];
+        const double samples_per_s = training_seconds > 0 ? window[2] / training_seconds : 0;
+        const double data_wait_fraction =
+            parts.max[kWindowSeconds] > 0 ? parts.max[kDataWait] / parts.max[kWindowSeconds] : 0;
+        const auto per_step_ms = [&](int field) {
+          return 1e3 * parts.max[field] / static_cast<double>(std::max<std::int64_t>(window_steps, 1));
+        };
         std::printf("step %lld/%lld  epoch %lld  loss %.4f  train_acc %.4f  lr %g  %.0f samples/s"
-                    "  data_wait %.1f%%  comm %.3f s (exposed %.3f s)\n",
+                    "  data_wait %.1f%%  comm %.3f s (exposed %.3f s)  ms/step: data %.2f fwd %.2f"
+                    " bwd %.2f exposed %.2f opt %.2f ckpt %.2f other %.2f\n",
                     static_cast<long long>(step), static_cast<long long>(total_steps),
                     static_cast<long long>(epoch), loss, window[1] / window[2], lr,
-                    samples_per_s, 100 * data_wait_fraction, window_max[2], window_max[3]);
+                    samples_per_s, 100 * data_wait_fraction, parts.max[kComm], parts.max[kExposed],
+                    per_step_ms(kDataWait), per_step_ms(kForward), per_step_ms(kBackward),
+                    per_step_ms(kExposed), per_step_ms(kOptimizer), per_step_ms(kCheckpoint),
+                    1e3 * parts.max_other / static_cast<double>(std::max<std::int64_t>(window_steps, 1)));
+        if (parts.straggler >= 0)
+          std::printf("straggler: rank %d busy %.2f ms/step, %.2fx the median rank's %.2f ms\n",
+                      parts.straggler,
+                      1e3 * parts.straggler_busy / static_cast<double>(std::max<std::int64_t>(window_steps, 1)),
+                      parts.straggler_busy / parts.median_busy,
+                      1e3 * parts.median_busy / static_cast<double>(std::max<std::int64_t>(window_steps, 1)));
         std::fflush(stdout);
         JsonObject record;
         record.add("step", step).add("epoch", epoch).add("loss", loss)
             .add("train_accuracy", window[1] / window[2]).add("lr", lr)
             .add("samples_per_s", samples_per_s).add("window_steps", window_steps)
-            .add("data_wait_s", window_max[1]).add("data_wait_fraction", data_wait_fraction)
-            .add("comm_time_s", window_max[2]).add("exposed_comm_time_s", window_max[3])
+            .add("window_s", parts.max[kWindowSeconds])
+            .add("data_wait_s", parts.max[kDataWait]).add("data_wait_fraction", data_wait_fraction)
+            .add("forward_s", parts.max[kForward]).add("backward_s", parts.max[kBackward])
+            .add("comm_time_s", parts.max[kComm]).add("exposed_comm_time_s", parts.max[kExposed])
+            .add("optimizer_s", parts.max[kOptimizer]).add("checkpoint_s", parts.max[kCheckpoint])
+            .add("other_s", parts.max_other).add("accounted_fraction", parts.min_accounted)
+            .add("straggler_rank", parts.straggler)
+            .add("straggler_ratio", parts.straggler >= 0 ? parts.straggler_busy / parts.median_busy : 0.0)
             .add("loss_scale", scaler.scale()).add("skipped_steps", scaler.state().skipped_steps)
             .add("skipped_samples", static_cast<std::int64_t>(window[3]));
         if (grad_norm >= 0) record.add("grad_norm", grad_norm);
@@ -1146,8 +1236,11 @@ TrainSummary Trainer::run() {
       }
       summary.skipped_samples = static_cast<std::int64_t>(window[3]);
       window[0] = window[1] = window[2] = window[3] = 0;
-      window_data_wait = 0;
-      window_comm = window_exposed = 0;
+      total_forward += window_forward;
+      total_backward += window_backward;
+      total_optimizer += window_optimizer;
+      window_data_wait = window_forward = window_backward = window_optimizer = 0;
+      window_comm = window_exposed = window_checkpoint = 0;
       window_steps = 0;
       window_start = Clock::now();
     }
@@ -1191,8 +1284,13 @@ TrainSummary Trainer::run() {
   summary.last_lr = optimizer->steps() > 0 ? lr : 0;
   summary.grad_norm = grad_norm;
   // The slowest rank sets the pace of synchronous training.
-  double run_max[4] = {train_seconds, total_data_wait, total_comm, total_exposed};
-  world.allreduce_max(run_max, 4);
+  double run_max[7] = {train_seconds, total_data_wait, total_comm, total_exposed,
+                       total_forward + window_forward, total_backward + window_backward,
+                       total_optimizer + window_optimizer};
+  world.allreduce_max(run_max, 7);
+  summary.forward_s = run_max[4];
+  summary.backward_s = run_max[5];
+  summary.optimizer_s = run_max[6];
   train_seconds = run_max[0];
   summary.data_wait_s = run_max[1];
   summary.data_wait_fraction = train_seconds > 0 ? summary.data_wait_s / train_seconds : 0;
@@ -1236,6 +1334,8 @@ TrainSummary Trainer::run() {
         .add("samples_per_s", summary.samples_per_s).add("train_s", train_seconds)
         .add("data_wait_s", summary.data_wait_s).add("data_wait_fraction", summary.data_wait_fraction)
         .add("comm_time_s", summary.comm_time_s).add("exposed_comm_time_s", summary.exposed_comm_time_s)
+        .add("forward_s", summary.forward_s).add("backward_s", summary.backward_s)
+        .add("optimizer_s", summary.optimizer_s)
         .add("exposed_comm_fraction", summary.comm_time_s > 0 ? summary.exposed_comm_time_s / summary.comm_time_s : 0.0)
         .add("allreduce", comm::algorithm_name(state_->allreduce.algorithm))
         .add("allreduce_intra", comm::intra_name(state_->allreduce.intra))
