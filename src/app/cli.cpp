@@ -152,6 +152,8 @@ po::options_description train_options(TrainCommand& out) {
   po::options_description output("[output] and [checkpoint]", kHelpWidth, kHelpWidth / 2);
   output.add_options()
       ("output.dir", po::value(&run.output_dir)->default_value("runs/latest")->implicit_value(""), "metrics.jsonl and summary.json go here")
+      ("output.tensorboard", po::value(&run.tensorboard)->default_value(false)->implicit_value(true),
+       "also write TensorBoard event files (scalars: loss, accuracy, lr, loss scale, samples/s, the step-time breakdown) to output.dir/tensorboard")
       ("checkpoint.dir", po::value(&run.checkpoint.dir)->default_value("")->implicit_value(""),
        "checkpoints (FP32 weights and the whole training state) go here: at the end, on a stop signal or time limit, and as every-steps/every-minutes say (empty: none)")
       ("checkpoint.every-steps", po::value(&run.checkpoint.every_steps)->default_value(0), "also every N optimizer steps (0: off)")

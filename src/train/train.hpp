@@ -109,6 +109,7 @@ struct RunConfig {
   PrecisionConfig amp;
   comm::CommOptions comm;
   std::string output_dir;
+  bool tensorboard = false;  // also TensorBoard event files in output_dir/tensorboard (rank 0)
   // Test hook, from the environment variable MPTRAIN_FAULT (docs/testing.md): "KIND:RANK:STEP".
   // KIND nan-grad puts a NaN into RANK's local gradients at STEP (1-based), before the
   // all-reduce. Empty: no fault.

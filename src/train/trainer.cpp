@@ -35,6 +35,7 @@
 #include "optim/optim.hpp"
 #include "train/checkpointing.hpp"
 #include "train/evaluate.hpp"
+#include "train/tensorboard.hpp"
 #include "train/train.hpp"
 
 namespace mpt::train {
@@ -217,6 +218,9 @@ void validate(const RunConfig& config) {
               "--resume=auto needs --checkpoint.dir (the directory it resumes from)",
               "pass --checkpoint.dir=DIR, or --resume=PATH of a checkpoint file");
   MPT_REQUIRE(!checkpoint.resume.empty(), "--resume is empty", "use none, auto or the path of a checkpoint");
+  MPT_REQUIRE(!config.tensorboard || !config.output_dir.empty(),
+              "--output.tensorboard needs --output.dir (the event files go to output.dir/tensorboard)",
+              "pass --output.dir=DIR");
   MPT_REQUIRE(config.loop.time_limit_s == 0 || config.loop.time_limit_s > config.loop.stop_margin_s,
               "--train.time-limit (" + seconds_text(config.loop.time_limit_s) +
                   ") is not longer than --train.stop-margin (" +
@@ -578,6 +582,7 @@ struct Trainer::State {
   comm::AllreduceConfig allreduce;
   std::optional<comm::GradientReducer> reducer;
   MetricsLog metrics;
+  std::optional<TensorBoardWriter> tensorboard;  // rank 0, with --output.tensorboard
   InputPipeline input;  // last: its I/O threads use the members above
 };
 
@@ -639,6 +644,7 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
     if (root && !config.output_dir.empty()) {
       ensure_directory(config.output_dir, "--output.dir");
       metrics.open(config.output_dir);
+      if (config.tensorboard) state_->tensorboard.emplace(config.output_dir + "/tensorboard");
     }
     if (root && !config.checkpoint.dir.empty()) ensure_directory(config.checkpoint.dir, "--checkpoint.dir");
   });
@@ -1233,6 +1239,18 @@ TrainSummary Trainer::run() {
             .add("skipped_samples", static_cast<std::int64_t>(window[3]));
         if (grad_norm >= 0) record.add("grad_norm", grad_norm);
         metrics.write(record);
+        if (state_->tensorboard)
+          state_->tensorboard->scalars(
+              step, {{"train/loss", loss}, {"train/accuracy", window[1] / window[2]},
+                     {"train/lr", lr}, {"train/loss_scale", scaler.scale()},
+                     {"train/samples_per_s", samples_per_s},
+                     {"step_time_ms/data_wait", per_step_ms(kDataWait)},
+                     {"step_time_ms/forward", per_step_ms(kForward)},
+                     {"step_time_ms/backward", per_step_ms(kBackward)},
+                     {"step_time_ms/comm", per_step_ms(kComm)},
+                     {"step_time_ms/exposed_comm", per_step_ms(kExposed)},
+                     {"step_time_ms/optimizer", per_step_ms(kOptimizer)},
+                     {"step_time_ms/checkpoint", per_step_ms(kCheckpoint)}});
       }
       summary.skipped_samples = static_cast<std::int64_t>(window[3]);
       window[0] = window[1] = window[2] = window[3] = 0;
@@ -1269,6 +1287,10 @@ TrainSummary Trainer::run() {
             .add("test_accuracy", eval.accuracy).add("test_top5_accuracy", eval.top5_accuracy)
             .add("test_samples", eval.samples);
         metrics.write(record);
+        if (state_->tensorboard)
+          state_->tensorboard->scalars(step, {{"test/loss", eval.loss},
+                                              {"test/accuracy", eval.accuracy},
+                                              {"test/top5_accuracy", eval.top5_accuracy}});
       }
       window_start = Clock::now();  // evaluation time is not training throughput
     }

@@ -2,7 +2,7 @@
 # The step-time breakdown (issue #9): every logged window carries data_wait, forward, backward,
 # comm (total and exposed), optimizer and checkpoint; on every rank those parts explain its
 # window within 5 %; a rank made slower (MPTRAIN_FAULT=slow-rank) is named as the straggler;
-# summary.json carries the run's totals.
+# summary.json carries the run's totals; --output.tensorboard writes them as TensorBoard reads.
 source "$(dirname "$0")/common.sh"
 PY=/usr/bin/python3
 D="$TMP/data"
@@ -60,6 +60,104 @@ if MPTRAIN_FAULT=slow-rank:1:40 "$MPIEXEC" -n 2 "$MPTRAIN" train "${COMMON[@]}" 
   pass "a rank 40 ms slower per step: $(grep -m1 '^straggler' "$out.log")"
 else
   fail "slow rank not named"; cat "$out.log" >&2
+fi
+
+# TensorBoard event files: every record's framing and masked CRC-32C, the file version first,
+# then scalars whose tags and values match metrics.jsonl (float32). A minimal TFRecord and
+# protobuf reader ships here; TensorBoard's own loader checks the file too where it is installed.
+out="$TMP/tb"
+if "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" train "${COMMON[@]}" --train.max-steps=30 \
+    --data.test="$D/test.h5" --output.tensorboard --output.dir="$out" >"$out.log" 2>&1 &&
+    result=$($PY - "$out" <<'PY' 2>&1
+import glob, json, struct, sys
+out = sys.argv[1]
+files = glob.glob(out + "/tensorboard/events.out.tfevents.*")
+assert len(files) == 1, files
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+def masked(data):
+    crc = crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+def varint(buf, at):
+    value = shift = 0
+    while True:
+        byte = buf[at]; at += 1
+        value |= (byte & 0x7F) << shift; shift += 7
+        if byte < 0x80:
+            return value, at
+
+def fields(buf):
+    at = 0
+    while at < len(buf):
+        key, at = varint(buf, at)
+        number, kind = key >> 3, key & 7
+        if kind == 0:
+            value, at = varint(buf, at)
+        elif kind == 1:
+            value = buf[at:at + 8]; at += 8
+        elif kind == 5:
+            value = buf[at:at + 4]; at += 4
+        elif kind == 2:
+            size, at = varint(buf, at)
+            value = buf[at:at + size]; at += size
+        else:
+            raise AssertionError(f"wire type {kind}")
+        yield number, value
+
+data = open(files[0], "rb").read()
+at, events = 0, []
+while at < len(data):
+    header = data[at:at + 8]
+    (length,) = struct.unpack("<Q", header)
+    assert struct.unpack("<I", data[at + 8:at + 12])[0] == masked(header), "length CRC"
+    payload = data[at + 12:at + 12 + length]
+    assert struct.unpack("<I", data[at + 12 + length:at + 16 + length])[0] == masked(payload), "data CRC"
+    at += 16 + length
+    events.append(dict((n, v) for n, v in fields(payload)))
+assert events[0][3] == b"brain.Event:2", events[0]
+scalars = {}
+for event in events[1:]:
+    step = event[2]
+    assert struct.unpack("<d", event[1])[0] > 1.6e9  # a wall time
+    for number, value in fields(event[5]):
+        parts = dict(fields(value))
+        scalars[(parts[1].decode(), step)] = struct.unpack("<f", parts[2])[0]
+metrics = [json.loads(line) for line in open(out + "/metrics.jsonl")]
+checked = 0
+for record in metrics:
+    pairs = [("train/loss", "loss"), ("train/lr", "lr"), ("train/samples_per_s", "samples_per_s")] if "loss" in record else \
+            [("test/accuracy", "test_accuracy")] if "test_accuracy" in record else []
+    for tag, key in pairs:
+        got = scalars[(tag, record["step"])]
+        want = struct.unpack("<f", struct.pack("<f", record[key]))[0]
+        assert got == want, (tag, record["step"], got, want)
+        checked += 1
+tags = {tag for tag, _ in scalars}
+for tag in ["train/accuracy", "train/loss_scale", "step_time_ms/forward", "step_time_ms/backward",
+            "step_time_ms/exposed_comm", "step_time_ms/optimizer", "step_time_ms/data_wait",
+            "step_time_ms/checkpoint", "step_time_ms/comm", "test/loss"]:
+    assert tag in tags, (tag, sorted(tags))
+try:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    loaded = EventAccumulator(out + "/tensorboard"); loaded.Reload()
+    assert "train/loss" in loaded.Tags()["scalars"]
+    by_tensorboard = " (TensorBoard's loader agrees)"
+except ImportError:
+    by_tensorboard = " (tensorboard not installed: the reader here only)"
+print(f"{len(events)} events, {len(tags)} tags, {checked} values equal metrics.jsonl{by_tensorboard}")
+PY
+); then
+  pass "--output.tensorboard: $result"
+else
+  fail "--output.tensorboard"; echo "$result" >&2; tail -3 "$out.log" >&2
 fi
 
 finish
