@@ -152,6 +152,8 @@ po::options_description train_options(TrainCommand& out) {
   po::options_description output("[output] and [checkpoint]", kHelpWidth, kHelpWidth / 2);
   output.add_options()
       ("output.dir", po::value(&run.output_dir)->default_value("runs/latest")->implicit_value(""), "metrics.jsonl and summary.json go here")
+      ("output.timeline", po::value(&run.timeline)->default_value(false)->implicit_value(true),
+       "also write a Chrome-trace timeline per rank (output.dir/timeline-rank<R>.json: each step's phases and each bucket's all-reduce; open in Perfetto or chrome://tracing)")
       ("output.tensorboard", po::value(&run.tensorboard)->default_value(false)->implicit_value(true),
        "also write TensorBoard event files (scalars: loss, accuracy, lr, loss scale, samples/s, the step-time breakdown) to output.dir/tensorboard")
       ("checkpoint.dir", po::value(&run.checkpoint.dir)->default_value("")->implicit_value(""),

@@ -78,6 +78,7 @@ GradientReducer::GradientReducer(const Topology& topology, const AllreduceConfig
   if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16)
     abort_job(std::string("comm::GradientReducer: gradients must be f32, f16 or bf16, not ") +
               dtype_name(dtype));
+  spans_.resize(buckets_.size());
   thread_ = std::thread([this] { thread_main(); });
 }
 
@@ -171,8 +172,10 @@ void GradientReducer::thread_main() {
         lock.unlock();
         const auto start = std::chrono::steady_clock::now();
         allreducer_->allreduce(base + range.begin * element_bytes, range.size(), grads_.dtype());
-        const double seconds = seconds_between(start, std::chrono::steady_clock::now());
+        const auto end = std::chrono::steady_clock::now();
+        const double seconds = seconds_between(start, end);
         lock.lock();
+        spans_[static_cast<std::size_t>(finished_)] = {start, end};
         comm_seconds_ += seconds;
         ++finished_;
         if (finished_ == num_buckets() || collective_due()) done_.notify_all();

@@ -72,6 +72,12 @@ class GradientReducer {
   // Seconds from the end of backward (the ready_from() that launched the last bucket, else the
   // wait() call) until every bucket was reduced: the communication backward did not hide.
   double last_exposed_seconds() const { return exposed_seconds_; }
+  // When each bucket's all-reduce of the last step began and ended on the communication thread
+  // (for the timeline), in launch order; read after wait().
+  struct BucketSpan {
+    std::chrono::steady_clock::time_point start, end;
+  };
+  const std::vector<BucketSpan>& last_bucket_spans() const { return spans_; }
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   // Bucket I's element range in GRADS, in launch order.
   const Range& bucket(int i) const { return buckets_[static_cast<std::size_t>(i)]; }
@@ -97,6 +103,7 @@ class GradientReducer {
   std::chrono::steady_clock::time_point all_launched_at_;  // ... at this time
 
   double comm_seconds_ = 0;  // written by the thread under mutex_, read after wait()
+  std::vector<BucketSpan> spans_;  // one per bucket, sized once; likewise
   double exposed_seconds_ = 0;
   std::thread thread_;  // last: started once every member above exists
 };

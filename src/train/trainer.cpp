@@ -36,6 +36,7 @@
 #include "train/checkpointing.hpp"
 #include "train/evaluate.hpp"
 #include "train/tensorboard.hpp"
+#include "train/timeline.hpp"
 #include "train/train.hpp"
 
 namespace mpt::train {
@@ -218,6 +219,9 @@ void validate(const RunConfig& config) {
               "--resume=auto needs --checkpoint.dir (the directory it resumes from)",
               "pass --checkpoint.dir=DIR, or --resume=PATH of a checkpoint file");
   MPT_REQUIRE(!checkpoint.resume.empty(), "--resume is empty", "use none, auto or the path of a checkpoint");
+  MPT_REQUIRE(!config.timeline || !config.output_dir.empty(),
+              "--output.timeline needs --output.dir (the timelines go to output.dir/timeline-rank<R>.json)",
+              "pass --output.dir=DIR");
   MPT_REQUIRE(!config.tensorboard || !config.output_dir.empty(),
               "--output.tensorboard needs --output.dir (the event files go to output.dir/tensorboard)",
               "pass --output.dir=DIR");
@@ -583,6 +587,7 @@ struct Trainer::State {
   std::optional<comm::GradientReducer> reducer;
   MetricsLog metrics;
   std::optional<TensorBoardWriter> tensorboard;  // rank 0, with --output.tensorboard
+  std::optional<Timeline> timeline;              // every rank, with --output.timeline
   InputPipeline input;  // last: its I/O threads use the members above
 };
 
@@ -704,6 +709,14 @@ TrainSummary Trainer::run() {
   state_->reducer.emplace(topology, allreduce, model->grads(), model->param_offsets(),
                           mib(config.comm.bucket_mb), mib(config.comm.first_bucket_mb));
   comm::GradientReducer& reducer = *state_->reducer;
+  // Every rank's timeline, in the directory rank 0 created during setup.
+  world.run_agreed([&] {
+    if (config.timeline)
+      state_->timeline.emplace(config.output_dir + "/timeline-rank" + std::to_string(world.rank()) +
+                                   ".json",
+                               world.rank(), wall_start);
+  });
+  Timeline* const timeline = state_->timeline ? &*state_->timeline : nullptr;
   const bool overlap = config.comm.overlap != "off";  // auto, for a library caller: on
 
   if (root) {
@@ -1020,6 +1033,7 @@ TrainSummary Trainer::run() {
       report_checkpoints();
     });
     window_checkpoint += seconds_since(stall_start);  // before the MAX: this rank's own
+    if (timeline) timeline->span("checkpoint", Timeline::kTraining, stall_start, Clock::now(), step);
     const double stall = world.max(seconds_since(stall_start));
     summary.checkpoint_stall_s += stall;
     ++summary.checkpoints;
@@ -1048,6 +1062,7 @@ TrainSummary Trainer::run() {
         const auto wait_start = Clock::now();
         const data::Batch& input = prefetcher.next();  // with --data.prefetch=0 this is the read
         const double data_wait = seconds_since(wait_start);
+        if (timeline) timeline->span("data_wait", Timeline::kTraining, wait_start, Clock::now(), step + 1);
         window_data_wait += data_wait;
         total_data_wait += data_wait;
         if (input.epoch != epoch || input.step != first_batch + micro)
@@ -1113,6 +1128,10 @@ TrainSummary Trainer::run() {
           if (must_poison) poison(grads);
         }
         window_backward += seconds_since(backward_start);
+        if (timeline) {
+          timeline->span("forward", Timeline::kTraining, forward_start, backward_start, step + 1);
+          timeline->span("backward", Timeline::kTraining, backward_start, Clock::now(), step + 1);
+        }
         window[0] += stats.loss_sum;
         window[1] += static_cast<double>(stats.correct);
         window[2] += static_cast<double>(batch);
@@ -1124,12 +1143,18 @@ TrainSummary Trainer::run() {
         reducer.ready_from(reducer.bucket(0).begin);
         reducer.run_collective(injected_comm_failure);
       }
+      const auto wait_called = Clock::now();
       reducer.wait();
       window_comm += reducer.last_comm_seconds();
       window_exposed += reducer.last_exposed_seconds();
       total_comm += reducer.last_comm_seconds();
       total_exposed += reducer.last_exposed_seconds();
       const auto optimizer_start = Clock::now();
+      if (timeline) {
+        timeline->span("allreduce_wait", Timeline::kTraining, wait_called, optimizer_start, step + 1);
+        for (const auto& bucket : reducer.last_bucket_spans())
+          timeline->span("allreduce_bucket", Timeline::kCommunication, bucket.start, bucket.end, step + 1);
+      }
       const bool loss_finite = step_loss_finite;
       // After the all-reduce every rank holds the same gradients, so every rank reaches the
       // same verdict here and skips (or applies) the same steps with no further collective.
@@ -1151,6 +1176,7 @@ TrainSummary Trainer::run() {
                     static_cast<long long>(scaler.state().skipped_steps));
       }
       window_optimizer += seconds_since(optimizer_start);
+      if (timeline) timeline->span("optimizer", Timeline::kTraining, optimizer_start, Clock::now(), step + 1);
       train_seconds += seconds_since(step_start);
       ++step;
       ++window_steps;
@@ -1258,6 +1284,7 @@ TrainSummary Trainer::run() {
       total_backward += window_backward;
       total_optimizer += window_optimizer;
       window_data_wait = window_forward = window_backward = window_optimizer = 0;
+      if (timeline) timeline->flush();  // once per window: no file I/O in the step
       window_comm = window_exposed = window_checkpoint = 0;
       window_steps = 0;
       window_start = Clock::now();
@@ -1328,6 +1355,7 @@ TrainSummary Trainer::run() {
       (step > start_step || !resume.from_checkpoint))
     save_checkpoint(step / steps_per_epoch, step % steps_per_epoch);
   world.run_agreed([&] {
+    if (timeline) timeline->close();
     if (!writer) return;
     writer->finish();
     report_checkpoints();

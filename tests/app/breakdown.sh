@@ -160,4 +160,39 @@ else
   fail "--output.tensorboard"; echo "$result" >&2; tail -3 "$out.log" >&2
 fi
 
+# The Chrome-trace timeline: valid JSON per rank, each step's phases on the training thread and
+# each bucket's all-reduce on the communication thread, every bucket inside its step.
+out="$TMP/timeline"
+if "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" train "${COMMON[@]}" --train.max-steps=12 \
+    --comm.bucket-mb=1 --comm.first-bucket-mb=0.5 --comm.overlap=on --output.timeline \
+    --output.dir="$out" >"$out.log" 2>&1 &&
+    buckets=$(sed -n 's/.*wire [a-z0-9]*, \([0-9]*\) bucket(s).*/\1/p' "$out.log") &&
+    result=$($PY - "$out" 12 "$buckets" <<'PY' 2>&1
+import json, sys
+out, steps, buckets = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+assert buckets >= 2, buckets
+for rank in (0, 1):
+    events = json.load(open(f"{out}/timeline-rank{rank}.json"))
+    spans = [e for e in events if e["ph"] == "X"]
+    assert all(e["pid"] == rank and e["dur"] >= 0 for e in spans)
+    names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert names == {f"rank {rank}", "training", "communication"}, names
+    for phase in ["data_wait", "forward", "backward", "allreduce_wait", "optimizer"]:
+        got = sorted(e["args"]["step"] for e in spans if e["name"] == phase and e["tid"] == 0)
+        assert got == list(range(1, steps + 1)), (rank, phase, got)
+    for step in range(1, steps + 1):
+        mine = {e["name"]: e for e in spans if e["args"]["step"] == step and e["tid"] == 0}
+        reduced = [e for e in spans if e["args"]["step"] == step and e["name"] == "allreduce_bucket"]
+        assert len(reduced) == buckets and all(e["tid"] == 1 for e in reduced), (step, len(reduced))
+        begin, end = mine["backward"]["ts"], mine["allreduce_wait"]["ts"] + mine["allreduce_wait"]["dur"]
+        for e in reduced:
+            assert begin <= e["ts"] and e["ts"] + e["dur"] <= end + 1, (step, e, begin, end)
+print(f"2 ranks x {steps} steps: 5 phases per step, {buckets} bucket spans per step inside backward..wait")
+PY
+); then
+  pass "--output.timeline: $result"
+else
+  fail "--output.timeline"; echo "$result" >&2; tail -3 "$out.log" >&2
+fi
+
 finish

@@ -93,6 +93,8 @@ expect_error "bad time limit" 2 "--train.time-limit has a bad duration '1h'" \
   train --data.train="$D/train.h5" --train.time-limit=1h --output.dir="$TMP/o"
 expect_error "time limit inside the margin" 2 "--train.time-limit (60 s) is not longer than --train.stop-margin (120 s)" \
   train --data.train="$D/train.h5" --train.time-limit=00:01:00 --output.dir="$TMP/o"
+expect_error "timeline without an output dir" 2 "--output.timeline needs --output.dir" \
+  train --data.train="$D/train.h5" --output.timeline --output.dir=
 expect_error "tensorboard without an output dir" 2 "--output.tensorboard needs --output.dir" \
   train --data.train="$D/train.h5" --output.tensorboard --output.dir=
 SLURM_JOB_END_TIME=soon expect_error "bad SLURM_JOB_END_TIME" 2 "SLURM_JOB_END_TIME='soon'" \
