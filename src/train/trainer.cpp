@@ -973,7 +973,6 @@ TrainSummary Trainer::run() {
 
   std::int64_t step = start_step;               // optimizer steps
   std::int64_t micro_step = resume.micro_step;  // micro-batches, over the run: the dropout masks' key
-  std::int64_t micro_batches_run = 0;           // by this process (throughput)
   bool stopping = false;
   // Rank 0: reports the writes that completed (all of them, when sync) with their stall.
   const auto report_checkpoints = [&] {
@@ -1136,7 +1135,6 @@ TrainSummary Trainer::run() {
         window[1] += static_cast<double>(stats.correct);
         window[2] += static_cast<double>(batch);
         ++micro_step;
-        ++micro_batches_run;
       }
       if (fail_in_comm) {  // not injected by the hook (overlap off): after the first bucket
         fail_in_comm = false;
@@ -1346,7 +1344,7 @@ TrainSummary Trainer::run() {
   summary.comm_time_s = run_max[2];
   summary.exposed_comm_time_s = run_max[3];
   summary.samples_per_s =
-      train_seconds > 0 ? static_cast<double>(micro_batches_run * global_batch) / train_seconds : 0;
+      train_seconds > 0 ? static_cast<double>((micro_step - resume.micro_step) * global_batch) / train_seconds : 0;
   if (config.model.sync_bn) model->set_stats_reducer({});  // it refers to this function's locals
 
   // The last checkpoint: the state at the end (unless the stop already wrote it, or a resumed

@@ -277,6 +277,18 @@ else
   else
     fail "full-disk case: first run failed"; cat "$w/run/log" >&2
   fi
+  # The same with --checkpoint.async: the writer thread's failure reaches every rank at the
+  # next step boundary, with the same one-line error.
+  rc=0
+  train 2 "$w/async" --train.max-steps=20 --train.epochs=3 --checkpoint.dir="$w/ckpt" --resume=auto \
+    --checkpoint.async --checkpoint.every-steps=6 || rc=$?
+  if [ "$rc" -eq 2 ] && grep -q "No space left on device" "$w/async/log" && [ ! -e "$w/ckpt/ckpt-6.h5" ] &&
+      ! grep -q "^step 20/" "$w/async/log" &&
+      ! ls "$w/ckpt"/*.tmp >/dev/null 2>&1 && [ "$(cat "$w/ckpt/latest")" = ckpt-4.h5 ]; then
+    pass "a full disk under --checkpoint.async: exit 2 on every rank before the last step, ckpt-4.h5 still latest"
+  else
+    fail "a full disk under --checkpoint.async: rc $rc"; tail -5 "$w/async/log" >&2; ls -la "$w/ckpt" >&2
+  fi
   umount "$w/ckpt"
 fi
 
