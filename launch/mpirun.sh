@@ -25,7 +25,8 @@ Environment:
 
 To stop a training run cleanly (checkpoint, exit 0), send SIGUSR1 to mpirun, which forwards it
 to every rank; mpirun answers SIGTERM and SIGINT by killing the ranks. launch/mpirun-train.sh
-does this for you.
+does this for you. launch/mptrain-run starts ranks the same way, and also under Slurm's srun,
+with a GPU per rank, a layout line per rank and that signal forwarding built in.
 EOF
 }
 
@@ -42,15 +43,14 @@ if ! [[ "$np" =~ ^[1-9][0-9]*$ ]]; then
 fi
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=launch/lib/common.sh disable=SC1091
+source "$repo_root/launch/lib/common.sh"
 if [[ "${1:-}" == -- ]]; then
   shift
   (($# >= 1)) || { echo "launch/mpirun.sh: nothing to run after --" >&2; exit 2; }
   command=("$@")
 else
-  bin=${MPTRAIN_BIN:-$repo_root/build/release/mptrain}
-  if [[ ! -x "$bin" && -z "${MPTRAIN_BIN:-}" && -x "$repo_root/build/release/src/app/mptrain" ]]; then
-    bin=$repo_root/build/release/src/app/mptrain
-  fi
+  bin=$(mpt_default_bin "$repo_root")
   if [[ ! -x "$bin" ]]; then
     echo "launch/mpirun.sh: $bin not found or not executable." >&2
     echo "hint: build it with 'cmake --preset release && cmake --build --preset release'" \
@@ -60,25 +60,12 @@ else
   command=("$bin" "$@")
 fi
 
-if [[ "$(id -u)" -eq 0 ]]; then
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fi
+mpt_root_env
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 threads=$OMP_NUM_THREADS
 [[ "$threads" =~ ^[1-9][0-9]*$ ]] || threads=1
-# GNU nproc reports OMP_NUM_THREADS when it is set; we want the cores this process may use.
-cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
-
-mpirun_args=(-np "$np" -x OMP_NUM_THREADS)
-if ((np * threads <= cores)); then
-  if ((threads > 1)); then
-    mpirun_args+=(--map-by "slot:PE=$threads" --bind-to core)
-  else
-    mpirun_args+=(--bind-to core)
-  fi
-else
-  mpirun_args+=(--oversubscribe --bind-to none)
-fi
+mpt_mpirun_binding "$np" "$threads" "$(mpt_usable_cores)"
+mpirun_args=(-np "$np" -x OMP_NUM_THREADS "${MPT_BINDING[@]}")
 if [[ -n "${MPTRAIN_MPIRUN_ARGS:-}" ]]; then
   read -r -a extra <<<"$MPTRAIN_MPIRUN_ARGS"
   mpirun_args+=("${extra[@]}")
