@@ -53,6 +53,7 @@ declare -A cluster_name=(
   [python3-h5py]="spack: py-h5py (or pip install h5py)"
   [python3-numpy]="spack: py-numpy (or pip install numpy)"
   [python3-torch]="spack: py-torch (or pip install torch); only perf/compare_pytorch.sh needs it"
+  [python3-matplotlib]="spack: py-matplotlib (or pip install matplotlib); only perf/scaling_study.py needs it"
 )
 
 packages=(
@@ -62,7 +63,7 @@ packages=(
   libboost-program-options-dev libtrilinos-kokkos-dev libdnnl-dev libopenblas-dev zlib1g-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   dataset-fashion-mnist
-  python3-h5py python3-numpy
+  python3-h5py python3-numpy python3-matplotlib
 )
 ((skip_torch)) || packages+=(python3-torch)
 
