@@ -148,12 +148,17 @@ po::options_description train_options(TrainCommand& out) {
        "auto (the gradients' dtype) | fp32 | fp16 | bf16: what gradients travel and are summed as")
       ("comm.overlap", po::value(&run.comm.overlap)->default_value("auto"),
        "auto (on where every rank has a core beyond its compute threads) | on (buckets go out while "
-       "backward runs) | off (after backward)");
+       "backward runs) | off (after backward)")
+      ("comm.stall-timeout", po::value(&run.comm.stall_timeout_s)->default_value(300, "300"),
+       "seconds a rank may wait in one collective before the watchdog names the ranks that have "
+       "not arrived and aborts the job (0: off)");
   po::options_description output("[output] and [checkpoint]", kHelpWidth, kHelpWidth / 2);
   output.add_options()
       ("output.dir", po::value(&run.output_dir)->default_value("runs/latest")->implicit_value(""), "metrics.jsonl and summary.json go here")
       ("output.timeline", po::value(&run.timeline)->default_value(false)->implicit_value(true),
        "also write a Chrome-trace timeline per rank (output.dir/timeline-rank<R>.json: each step's phases and each bucket's all-reduce; open in Perfetto or chrome://tracing)")
+      ("output.progress", po::value(&run.progress)->default_value("auto"),
+       "rank 0's console: auto (a progress bar with epoch, step, ETA, loss and samples/s on a terminal, above which the step lines scroll; the step lines alone in a batch log) | bar | lines")
       ("output.tensorboard", po::value(&run.tensorboard)->default_value(false)->implicit_value(true),
        "also write TensorBoard event files (scalars: loss, accuracy, lr, loss scale, samples/s, the step-time breakdown) to output.dir/tensorboard")
       ("checkpoint.dir", po::value(&run.checkpoint.dir)->default_value("")->implicit_value(""),

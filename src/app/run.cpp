@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 #include <thread>
 
 #include "app/cli.hpp"
@@ -241,8 +242,12 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
 int run(int argc, char** argv) {
   int provided = 0;
   // SERIALIZED: the gradient all-reduce runs on comm::GradientReducer's thread while the main
-  // thread computes; the two never call MPI at the same time (docs/architecture.md).
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  // thread computes; the two never call MPI at the same time (docs/architecture.md). `train`
+  // asks for MULTIPLE, for its stall watchdog, whose thread answers and asks the other ranks
+  // where they are while the others may be inside a collective; SERIALIZED still trains (the
+  // watchdog then cannot name the ranks that have not arrived).
+  const bool training = argc > 1 && std::string_view(argv[1]) == "train";
+  MPI_Init_thread(&argc, &argv, training ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED, &provided);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);

@@ -26,6 +26,8 @@ struct CommOptions {
   // on: buckets go out while backward runs; off: all at the end of backward. The trainer takes
   // auto as on; `mptrain train` resolves it first (on only where every rank has a spare core).
   std::string overlap = "auto";
+  // The watchdog aborts the job when a rank has waited this long in one collective (0: off).
+  double stall_timeout_s = 300;
 };
 
 enum class Algorithm { flat_mpi, hierarchical };

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "comm/half_sum.hpp"
+#include "comm/watchdog.hpp"
 #include "core/error.hpp"
 
 namespace mpt::comm {
@@ -65,6 +66,7 @@ void World::run_agreed(const std::function<void()>& step) const {
   }
   // One collective decides: the lowest failing rank reports, so a message that every rank
   // would print identically (a bad option) appears once.
+  const CollectiveScope scope(Collective::agreement);
   int first_failed = exit_code ? rank_ : size_;
   int agreed_first = size_;
   MPT_CHECK_MPI(MPI_Allreduce(&first_failed, &agreed_first, 1, MPI_INT, MPI_MIN, comm_));
@@ -79,6 +81,7 @@ void World::run_agreed(const std::function<void()>& step) const {
 }
 
 void World::allreduce_sum(Tensor& data) const {
+  const CollectiveScope scope(Collective::allreduce);
   if (data.dtype() == DType::f16 || data.dtype() == DType::bf16) {
     MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data.raw(), checked_count(data, "allreduce_sum"),
                                 sum_ops_->type(data.dtype()), sum_ops_->sum(data.dtype()),
@@ -90,30 +93,38 @@ void World::allreduce_sum(Tensor& data) const {
 }
 
 void World::allreduce_sum(double* values, int count) const {
+  const CollectiveScope scope(Collective::allreduce);
   MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, MPI_SUM, comm_));
 }
 
 void World::broadcast(Tensor& data, int root) const {
+  const CollectiveScope scope(Collective::broadcast);
   MPT_CHECK_MPI(MPI_Bcast(data.raw(), checked_count(data, "broadcast"), mpi_type_of(data.dtype()),
                           root, comm_));
 }
 
 double World::max(double value) const {
+  const CollectiveScope scope(Collective::allreduce);
   double result = value;
   MPT_CHECK_MPI(MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, MPI_MAX, comm_));
   return result;
 }
 
 void World::allreduce_max(double* values, int count) const {
+  const CollectiveScope scope(Collective::allreduce);
   MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, MPI_MAX, comm_));
 }
 
 void World::gather(const double* values, int count, std::vector<double>& out, int root) const {
+  const CollectiveScope scope(Collective::gather);
   if (rank_ == root) out.resize(static_cast<std::size_t>(count) * static_cast<std::size_t>(size_));
   MPT_CHECK_MPI(MPI_Gather(values, count, MPI_DOUBLE, rank_ == root ? out.data() : nullptr, count,
                            MPI_DOUBLE, root, comm_));
 }
 
-void World::barrier() const { MPT_CHECK_MPI(MPI_Barrier(comm_)); }
+void World::barrier() const {
+  const CollectiveScope scope(Collective::barrier);
+  MPT_CHECK_MPI(MPI_Barrier(comm_));
+}
 
 }  // namespace mpt::comm

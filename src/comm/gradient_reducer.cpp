@@ -6,6 +6,7 @@
 #include <exception>
 #include <string>
 
+#include "comm/watchdog.hpp"
 #include "core/error.hpp"
 
 namespace mpt::comm {
@@ -169,9 +170,13 @@ void GradientReducer::thread_main() {
         done_.notify_all();
       } else if (finished_ < launched_) {
         const Range range = buckets_[static_cast<std::size_t>(finished_)];
+        const int finished_bucket = finished_;
         lock.unlock();
         const auto start = std::chrono::steady_clock::now();
-        allreducer_->allreduce(base + range.begin * element_bytes, range.size(), grads_.dtype());
+        {
+          const CollectiveScope scope(Collective::gradient_bucket, finished_bucket);
+          allreducer_->allreduce(base + range.begin * element_bytes, range.size(), grads_.dtype());
+        }
         const auto end = std::chrono::steady_clock::now();
         const double seconds = seconds_between(start, end);
         lock.lock();

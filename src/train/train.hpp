@@ -111,6 +111,7 @@ struct RunConfig {
   std::string output_dir;
   bool tensorboard = false;  // also TensorBoard event files in output_dir/tensorboard (rank 0)
   bool timeline = false;     // also a Chrome-trace timeline per rank, output_dir/timeline-rank<R>.json
+  std::string progress = "auto";  // rank 0's console: auto (a bar on a terminal) | bar | lines
   // Test hook, from the environment variable MPTRAIN_FAULT (docs/testing.md): "KIND:RANK:STEP".
   // KIND nan-grad puts a NaN into RANK's local gradients at STEP (1-based), before the
   // all-reduce. Empty: no fault.

@@ -21,6 +21,7 @@
 #include "ckpt/ckpt.hpp"
 #include "comm/gradient_reducer.hpp"
 #include "comm/topology.hpp"
+#include "comm/watchdog.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
 #include "data/data.hpp"
@@ -35,6 +36,7 @@
 #include "optim/optim.hpp"
 #include "train/checkpointing.hpp"
 #include "train/evaluate.hpp"
+#include "train/progress.hpp"
 #include "train/tensorboard.hpp"
 #include "train/timeline.hpp"
 #include "train/train.hpp"
@@ -108,10 +110,11 @@ Fault parse_fault(const std::string& text) {
   }
   const bool known = fault.kind == "nan-grad" || fault.kind == "comm-error" ||
                      fault.kind == "comm-crash" || fault.kind == "stop-signal" ||
-                     fault.kind == "slow-rank";
+                     fault.kind == "slow-rank" || fault.kind == "stall" ||
+                     fault.kind == "slow-checkpoint";
   MPT_REQUIRE(ok && known && fault.rank >= 0 && fault.step >= 1,
               "MPTRAIN_FAULT='" + text + "' is not KIND:RANK:STEP with KIND nan-grad, comm-error, "
-              "comm-crash, stop-signal or slow-rank (KIND:RANK:MS)",
+              "comm-crash, stop-signal or stall, or KIND:RANK:MS with KIND slow-rank or slow-checkpoint",
               "unset MPTRAIN_FAULT; it is a test hook (docs/testing.md)");
   return fault;
 }
@@ -162,6 +165,11 @@ std::string seconds_text(double seconds) {
   return text;
 }
 
+ProgressBar::Mode progress_mode(const std::string& option) {
+  if (option == "lines") return ProgressBar::Mode::off;
+  return option == "bar" ? ProgressBar::Mode::always : ProgressBar::Mode::terminal;
+}
+
 void validate(const RunConfig& config) {
   MPT_REQUIRE(!config.data.train_path.empty(), "no training data given (--data.train)",
               "set [data] train = PATH in the config or pass --data.train=PATH");
@@ -176,6 +184,12 @@ void validate(const RunConfig& config) {
               "--comm.overlap: unknown value '" + config.comm.overlap + "'", "use auto, on or off");
   MPT_REQUIRE(config.loop.accumulate >= 1, "--train.accumulate must be >= 1",
               "1 updates after every batch; K averages K micro-batches per update");
+  MPT_REQUIRE(config.progress == "auto" || config.progress == "bar" || config.progress == "lines",
+              "--output.progress: unknown value '" + config.progress + "'",
+              "use auto (a bar on a terminal, lines otherwise), bar or lines");
+  MPT_REQUIRE(config.comm.stall_timeout_s >= 0 && std::isfinite(config.comm.stall_timeout_s),
+              "--comm.stall-timeout must be a number of seconds >= 0",
+              "e.g. --comm.stall-timeout=300 (0: no watchdog)");
   MPT_REQUIRE(config.comm.ranks_per_node >= 0, "--comm.ranks-per-node must be >= 0",
               "0 uses the nodes MPI reports; K groups K consecutive ranks");
   const auto& buckets = config.comm;
@@ -572,6 +586,8 @@ struct Trainer::State {
   // From construction on, a stop signal is recorded, not fatal: one that comes during setup
   // stops the run at its first step boundary.
   StopSignals stop_signals;
+  // Started once the options are agreed; covers every collective from then on.
+  std::optional<comm::Watchdog> watchdog;
   std::optional<data::DatasetReader> train_reader, test_reader;
   std::optional<nn::Model> model;
   std::optional<amp::LossScaler> scaler;
@@ -653,8 +669,15 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
     }
     if (root && !config.checkpoint.dir.empty()) ensure_directory(config.checkpoint.dir, "--checkpoint.dir");
   });
-  // The topology is collective, so it is built between two agreed phases (every rank gets
-  // here); the --comm names are then checked against it where a mistake ends every rank.
+  // The watchdog and the topology are collective, so they are built between two agreed phases
+  // (every rank gets here); the --comm names are then checked against the topology where a
+  // mistake ends every rank. The watchdog names the ranks that have not arrived only where
+  // its thread may call MPI beside the others (MPI_THREAD_MULTIPLE, which `mptrain train`
+  // asks for).
+  int thread_level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&thread_level);
+  state_->watchdog.emplace(world.handle(), config.comm.stall_timeout_s,
+                           thread_level >= MPI_THREAD_MULTIPLE);
   state_->topology.emplace(world.handle(), config.comm.ranks_per_node);
   world.run_agreed([&] {
     state_->allreduce =
@@ -974,6 +997,9 @@ TrainSummary Trainer::run() {
   std::int64_t step = start_step;               // optimizer steps
   std::int64_t micro_step = resume.micro_step;  // micro-batches, over the run: the dropout masks' key
   bool stopping = false;
+  // Rank 0 on a terminal (--output.progress): a live bar under the step lines.
+  ProgressBar progress(stdout, root ? progress_mode(config.progress) : ProgressBar::Mode::off,
+                       total_steps, config.loop.epochs);
   // Rank 0: reports the writes that completed (all of them, when sync) with their stall.
   const auto report_checkpoints = [&] {
     if (!writer) return;
@@ -981,6 +1007,7 @@ TrainSummary Trainer::run() {
       const double stall = stalls[written.step];
       stalls.erase(written.step);
       summary.last_checkpoint = written.path;
+      progress.clear();
       std::printf("checkpoint: wrote %s (%lld bytes, write %.3f s, stall %.3f s, %s)\n",
                   written.path.c_str(), static_cast<long long>(written.bytes), written.write_s,
                   stall, writer->async() ? "async" : "sync");
@@ -994,8 +1021,13 @@ TrainSummary Trainer::run() {
   // Every rank: one checkpoint of the state after STEP, whose data cursor is (EPOCH, EPOCH_STEP).
   const auto save_checkpoint = [&](std::int64_t cursor_epoch, std::int64_t cursor_epoch_step) {
     const auto stall_start = Clock::now();
+    comm::set_phase(comm::Phase::checkpoint);
     world.run_agreed([&] {
       if (!root) return;
+      // MPTRAIN_FAULT=slow-checkpoint:0:MS: the write takes MS longer (the watchdog's test: a
+      // rank writing a checkpoint is busy, not hung).
+      if (state_->fault.kind == "slow-checkpoint" && state_->fault.rank == 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(state_->fault.step));
       // Synchronous: views of the live tensors, written before training goes on. Asynchronous:
       // copies, into the previous snapshot's buffers.
       const bool copy = writer->async();
@@ -1059,6 +1091,7 @@ TrainSummary Trainer::run() {
       for (std::int64_t micro = 0; micro < group; ++micro) {
         const bool last_micro = micro + 1 == group;
         const auto wait_start = Clock::now();
+        comm::set_phase(comm::Phase::data, step + 1);
         const data::Batch& input = prefetcher.next();  // with --data.prefetch=0 this is the read
         const double data_wait = seconds_since(wait_start);
         if (timeline) timeline->span("data_wait", Timeline::kTraining, wait_start, Clock::now(), step + 1);
@@ -1074,13 +1107,19 @@ TrainSummary Trainer::run() {
         model->set_rng(
             config.loop.seed, static_cast<std::uint64_t>(micro_step),
             static_cast<std::uint64_t>(world.rank()) * static_cast<std::uint64_t>(batch));
+        comm::set_phase(comm::Phase::forward);
         // MPTRAIN_FAULT=slow-rank:RANK:MS: RANK's forward takes MS longer (a straggler).
         if (state_->fault.kind == "slow-rank" && state_->fault.rank == world.rank())
           std::this_thread::sleep_for(std::chrono::milliseconds(state_->fault.step));
+        // MPTRAIN_FAULT=stall:RANK:STEP: RANK hangs in the forward of step STEP (the watchdog's
+        // test: the others wait for it in the gradient all-reduce).
+        if (fault_now && state_->fault.kind == "stall")
+          for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
         const Tensor& logits = model->forward(input.samples, /*training=*/true);
         const auto stats = kernels::softmax_xent_forward_backward(
             logits, input.labels, dlogits, grad_scale * static_cast<float>(loss_scale));
         const auto backward_start = Clock::now();
+        comm::set_phase(comm::Phase::backward);
         window_forward += std::chrono::duration<double>(backward_start - forward_start).count();
         const bool loss_finite = std::isfinite(stats.loss_sum);
         step_loss_finite = step_loss_finite && loss_finite;
@@ -1110,6 +1149,7 @@ TrainSummary Trainer::run() {
                                               : " (first non-finite activations: layer " + layer + ")"),
                            "lower --optimizer.lr, check the data, or pass --amp.on-nonfinite-loss=skip");
         }
+        if (!loss_finite) progress.clear();
         if (!loss_finite)
           std::printf("step %lld: non-finite loss on %s, step skipped\n", static_cast<long long>(step + 1),
                       process_where().c_str());
@@ -1142,12 +1182,14 @@ TrainSummary Trainer::run() {
         reducer.run_collective(injected_comm_failure);
       }
       const auto wait_called = Clock::now();
+      comm::set_phase(comm::Phase::allreduce);
       reducer.wait();
       window_comm += reducer.last_comm_seconds();
       window_exposed += reducer.last_exposed_seconds();
       total_comm += reducer.last_comm_seconds();
       total_exposed += reducer.last_exposed_seconds();
       const auto optimizer_start = Clock::now();
+      comm::set_phase(comm::Phase::optimizer);
       if (timeline) {
         timeline->span("allreduce_wait", Timeline::kTraining, wait_called, optimizer_start, step + 1);
         for (const auto& bucket : reducer.last_bucket_spans())
@@ -1168,6 +1210,7 @@ TrainSummary Trainer::run() {
         lr = schedule.lr(optimizer->steps() + schedule_offset);
         optimizer->step(static_cast<float>(lr));  // and, under 16 bits, the recast
       } else if (root) {
+        progress.clear();
         std::printf("step %lld: gradient overflow%s, loss scale %g -> %g, step skipped (%lld skipped so far)\n",
                     static_cast<long long>(step + 1), loss_finite ? "" : " or non-finite loss",
                     decision.old_scale, decision.new_scale,
@@ -1178,6 +1221,7 @@ TrainSummary Trainer::run() {
       train_seconds += seconds_since(step_start);
       ++step;
       ++window_steps;
+      progress.update(step, epoch, step * global_batch * accumulate);
 
       // MPTRAIN_FAULT=stop-signal:RANK:STEP: RANK gets SIGUSR1 as step STEP ends, as from a
       // scheduler, at a step the tests can name (the handler runs before raise returns).
@@ -1193,6 +1237,7 @@ TrainSummary Trainer::run() {
         decide[3] = writer && writer->failed();
       }
       const auto agree_start = Clock::now();
+      comm::set_phase(comm::Phase::agree);
       world.allreduce_max(decide, 4);
       // Waiting here is waiting for the slowest rank, like the all-reduce's exposed part: the
       // breakdown counts it there.
@@ -1211,6 +1256,7 @@ TrainSummary Trainer::run() {
       const bool log_now = step % config.loop.log_every == 0 || step == total_steps ||
                            epoch_step + 1 == steps_per_epoch || stopping;
       if (!log_now) continue;
+      comm::set_phase(comm::Phase::log);
       window[3] = static_cast<double>(skipped_samples());
       world.allreduce_sum(window, 4);
       // Every rank's breakdown reaches rank 0 in one gather per window: it logs the maximum of
@@ -1223,6 +1269,8 @@ TrainSummary Trainer::run() {
       last_window_loss = loss;
       if (root) {
         const WindowBreakdown parts = summarize_breakdown(gathered, world.size());
+        progress.clear();
+        progress.set_loss(loss);
         // Throughput is training's: the checkpoints' stall is reported beside it, not in it.
         const double training_seconds = parts.max[kWindowSeconds] - parts.max[kCheckpoint];
         const double samples_per_s = training_seconds > 0 ? window[2] / training_seconds : 0;
@@ -1293,6 +1341,7 @@ TrainSummary Trainer::run() {
     const bool last = step >= total_steps;
     if (test_reader && (epoch_complete || last) && !stopping) {
       const auto eval_start = Clock::now();
+      comm::set_phase(comm::Phase::evaluate);
       // Without sync BN every rank's running statistics drift apart; evaluate (and later save)
       // rank 0's on every rank, as PyTorch DDP broadcasts buffers, so that this evaluation is
       // the one `eval` and `predict` reproduce from the checkpoint.
@@ -1302,6 +1351,7 @@ TrainSummary Trainer::run() {
       summary.test_accuracy = eval.accuracy;
       summary.test_top5_accuracy = eval.top5_accuracy;
       if (root) {
+        progress.clear();
         std::printf("epoch %lld done in %.1f s: test_loss %.4f  test_accuracy %.4f  test_top5 %.4f  (%lld samples, eval %.1f s)\n",
                     static_cast<long long>(epoch), seconds_since(epoch_start), eval.loss,
                     eval.accuracy, eval.top5_accuracy, static_cast<long long>(eval.samples),
@@ -1321,6 +1371,8 @@ TrainSummary Trainer::run() {
     }
   }
 
+  comm::set_phase(comm::Phase::finish);
+  progress.clear();
   prefetcher.stop();
   summary.steps = step;
   summary.loss_scale = scaler.scale();
@@ -1373,7 +1425,8 @@ TrainSummary Trainer::run() {
   summary.wall_s = world.max(seconds_since(wall_start));
   if (root) {
     JsonObject json;
-    json.add("world_size", world.size()).add("batch_per_rank", batch).add("global_batch", global_batch)
+    json.add("world_size", world.size()).add("nodes", state_->topology->num_nodes())
+        .add("batch_per_rank", batch).add("global_batch", global_batch)
         .add("epochs", summary.epochs).add("steps", summary.steps)
         .add("final_train_loss", summary.final_train_loss)
         .add("test_loss", test_reader ? summary.test_loss : std::nan(""))

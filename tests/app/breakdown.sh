@@ -195,4 +195,46 @@ else
   fail "--output.timeline"; echo "$result" >&2; tail -3 "$out.log" >&2
 fi
 
+# The console: on a terminal (script(1) gives mpirun one, 90 columns wide) rank 0 redraws one
+# progress line in place, never wider than the terminal, with the step lines scrolling above it;
+# in a pipe (a batch log) only the step lines appear; --output.progress=bar forces the bar.
+out="$TMP/tty"
+bar_re='epoch 1/1 \[[#.]*\] step [0-9]*/30 *[0-9]*%  ETA [0-9hms-]*  loss [0-9.-]*  [0-9]* samples/s'
+if script -qec "stty cols 90; $(printf '%q ' "$MPIEXEC" -n 2 "$MPTRAIN" train "${COMMON[@]}" --train.max-steps=30 --output.dir="$out")" \
+      "$out.typescript" >/dev/null 2>&1 &&
+    $PY - "$out.typescript" "$bar_re" <<'PY'
+import re, sys
+text = open(sys.argv[1], encoding="utf-8", errors="replace", newline="").read().replace("\r\n", "\n")
+bars = [piece.split("\x1b[K")[0] for piece in text.split("\r")[1:] if piece.startswith("epoch 1/1 ")]
+assert len(bars) >= 2, f"{len(bars)} bars"
+assert all(re.fullmatch(sys.argv[2], bar) for bar in bars), [b for b in bars if not re.fullmatch(sys.argv[2], b)][:2]
+assert max(map(len, bars)) <= 90, max(map(len, bars))
+steps = [int(re.search(r"step (\d+)/", bar).group(1)) for bar in bars]
+assert steps == sorted(steps) and steps[-1] == 30, steps
+lines = re.findall(r"(?m)(?:^|\r)step (\d+)/30  epoch 0  loss", text.replace("\x1b[K", ""))
+assert lines == ["10", "20", "30"], lines
+print(f"{len(bars)} redraws up to step {steps[-1]}, widest {max(map(len, bars))} columns")
+PY
+then
+  pass "on a terminal: a progress bar under the step lines"
+else
+  fail "no progress bar on a terminal"; tail -c 600 "$out.typescript" | cat -A >&2
+fi
+out="$TMP/pipe"
+if "$MPIEXEC" -n 2 "$MPTRAIN" train "${COMMON[@]}" --train.max-steps=20 --output.dir="$out" >"$out.log" 2>&1 &&
+    ! grep -q $'\r' "$out.log" && [ "$(grep -c '^step [0-9]*/20  epoch' "$out.log")" -eq 2 ] &&
+    "$MPIEXEC" -n 2 "$MPTRAIN" train "${COMMON[@]}" --train.max-steps=20 --output.progress=bar \
+      --output.dir="$out" >"$out.bar" 2>&1 && grep -q $'\repoch 1/1 \\[' "$out.bar"; then
+  pass "in a pipe: step lines only; --output.progress=bar draws anyway"
+else
+  fail "console in a pipe"; cat -A "$out.log" | tail -3 >&2
+fi
+if "$MPTRAIN" train "${COMMON[@]}" --output.progress=fancy >"$out.err" 2>&1; then
+  fail "--output.progress=fancy accepted"
+elif grep -q -- "--output.progress: unknown value 'fancy'" "$out.err"; then
+  pass "--output.progress=fancy: $(head -n 1 "$out.err")"
+else
+  fail "--output.progress=fancy: $(cat "$out.err")"
+fi
+
 finish

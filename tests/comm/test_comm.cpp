@@ -1,7 +1,11 @@
 // World collectives and the setup agreement, run under mpiexec -n 2 and -n 4.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <vector>
+
 #include "comm/comm.hpp"
+#include "comm/watchdog.hpp"
 #include "core/error.hpp"
 
 namespace mpt::comm {
@@ -29,6 +33,54 @@ TEST(World, AllreduceSumAndBroadcast) {
   world.broadcast(b, 0);
   EXPECT_EQ(b.data<float>()[2], 42.0f);
   EXPECT_EQ(world.max(static_cast<double>(world.rank())), n - 1);
+}
+
+// What the watchdog reads: every World collective counts once and is marked only while inside,
+// and the count is the same on every rank (the census compares it across ranks).
+TEST(Watchdog, CollectivesAreCountedAndMarked) {
+  World world;
+  Progress& p = progress();
+  EXPECT_EQ(p.collective.load(), static_cast<int>(Collective::none));
+  const auto before = p.entered.load();
+  double values[2] = {1, 2};
+  world.allreduce_max(values, 2);
+  world.barrier();
+  std::vector<double> gathered;
+  world.gather(values, 2, gathered, 0);
+  EXPECT_EQ(p.entered.load() - before, 3u);
+  EXPECT_EQ(p.collective.load(), static_cast<int>(Collective::none));
+  {
+    const CollectiveScope scope(Collective::gradient_bucket, 7);
+    EXPECT_EQ(p.collective.load(), static_cast<int>(Collective::gradient_bucket));
+    EXPECT_EQ(p.index.load(), 7);
+  }
+  EXPECT_EQ(p.collective.load(), static_cast<int>(Collective::none));
+  set_phase(Phase::backward, 12);
+  EXPECT_EQ(p.phase.load(), static_cast<int>(Phase::backward));
+  EXPECT_EQ(p.step.load(), 12);
+  set_phase(Phase::optimizer);  // keeps the step
+  EXPECT_EQ(p.step.load(), 12);
+  double entered = static_cast<double>(p.entered.load());
+  double low = entered, high = entered;
+  world.allreduce_max(&high, 1);
+  low = -world.max(-low);
+  EXPECT_EQ(low, high);
+}
+
+// A watchdog with a generous timeout never fires on a healthy job, and stops promptly.
+TEST(Watchdog, QuietOnAHealthyJobAndStopsPromptly) {
+  World world;
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  const auto start = std::chrono::steady_clock::now();
+  {
+    Watchdog watchdog(world.handle(), 0.5, level >= MPI_THREAD_MULTIPLE);
+    EXPECT_TRUE(watchdog.active());
+    for (int i = 0; i < 20; ++i) world.barrier();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
+  Watchdog off(world.handle(), 0, false);
+  EXPECT_FALSE(off.active());
 }
 
 TEST(World, AgreedSuccessReturnsOnEveryRank) {
