@@ -53,7 +53,9 @@ declare -A cluster_name=(
   [python3-h5py]="spack: py-h5py (or pip install h5py)"
   [python3-numpy]="spack: py-numpy (or pip install numpy)"
   [python3-torch]="spack: py-torch (or pip install torch); only perf/compare_pytorch.sh needs it"
-  [python3-matplotlib]="spack: py-matplotlib (or pip install matplotlib); only perf/scaling_study.py needs it"
+  [python3-matplotlib]="spack: py-matplotlib (or pip install matplotlib); only perf/scaling_study.py and perf/sim/scaling_sim.py need it"
+  [libsimgrid-dev]="spack: simgrid; only perf/sim (SMPI all-reduce simulation) and the test sim_allreduce_check need it"
+  [simgrid]="spack: simgrid (smpicxx, smpirun); only perf/sim and sim_allreduce_check need it"
 )
 
 packages=(
@@ -69,6 +71,7 @@ packages=(
 
 print_cluster_hints() {
   local pkg
+  libsimgrid-dev simgrid
   echo "On a cluster without apt, get the equivalents from modules or Spack:" >&2
   for pkg in "$@"; do
     printf '  %-30s %s\n' "$pkg" "${cluster_name[$pkg]}" >&2

@@ -33,7 +33,29 @@ std::size_t offset(std::int64_t elements, std::size_t element_size) {
   return static_cast<std::size_t>(elements) * element_size;
 }
 
-void grow(std::vector<std::uint8_t>& buffer, std::size_t size) {
+#ifdef MPTRAIN_SIMGRID
+// The simulation build (perf/sim/, smpicxx): SMPI runs thousands of simulated ranks in one
+// process, whose scratch buffers would not fit in memory. SMPI_SHARED_MALLOC gives every rank
+// the same pages (a plain malloc under --cfg=smpi/shared-malloc:off, which the correctness
+// check uses), left uninitialised: the algorithm writes before it reads.
+template <class T>
+struct SimScratchAllocator {
+  using value_type = T;
+  SimScratchAllocator() = default;
+  template <class U>
+  SimScratchAllocator(const SimScratchAllocator<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(SMPI_SHARED_MALLOC(n * sizeof(T))); }
+  void deallocate(T* p, std::size_t) { SMPI_SHARED_FREE(p); }
+  template <class U>
+  void construct(U*) {}  // resize() leaves the bytes as they are
+  bool operator==(const SimScratchAllocator&) const { return true; }
+};
+using Scratch = std::vector<std::uint8_t, SimScratchAllocator<std::uint8_t>>;
+#else
+using Scratch = std::vector<std::uint8_t>;
+#endif
+
+void grow(Scratch& buffer, std::size_t size) {
   // Planned by the first (largest) bucket; later calls reuse it.
   if (buffer.size() < size) buffer.resize(std::max<std::size_t>(size, 64));
 }
@@ -147,7 +169,7 @@ struct Allreducer::Impl {
   const AllreduceConfig& config;
   const std::size_t wire_size;
   detail::SumOps ops;
-  std::vector<std::uint8_t> wire_scratch, shard_scratch, rail_scratch;
+  Scratch wire_scratch, shard_scratch, rail_scratch;
   RailBatch batch_;
   std::vector<int> counts, displacements;
   std::vector<detail::Operand> inputs;  // the shm sum's, one per local rank
