@@ -49,6 +49,10 @@ declare -A cluster_name=(
   [libgmock-dev]="spack: googletest"
   [googletest]="spack: googletest"
   [libbenchmark-dev]="spack: benchmark"
+  [clang]="module load llvm (clang >= 14) / spack: llvm; only tests/fuzz.sh needs it"
+  [libclang-rt-14-dev]="the libFuzzer and sanitizer runtimes of clang: spack: llvm (compiler-rt); only tests/fuzz.sh needs it"
+  [libomp-14-dev]="clang's OpenMP runtime: spack: llvm-openmp; only tests/fuzz.sh (a clang build) needs it"
+  [llvm-14]="llvm-symbolizer for readable sanitizer stack traces: spack: llvm; only tests/fuzz.sh uses it"
   [dataset-fashion-mnist]="download the four *-ubyte.gz files of github.com/zalandoresearch/fashion-mnist and pass their folder to 'mptrain prepare fashion-mnist --source DIR'"
   [python3-h5py]="spack: py-h5py (or pip install h5py)"
   [python3-numpy]="spack: py-numpy (or pip install numpy)"
@@ -64,6 +68,7 @@ packages=(
   libhdf5-openmpi-dev hdf5-tools
   libboost-program-options-dev libtrilinos-kokkos-dev libdnnl-dev libopenblas-dev zlib1g-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
+  clang libclang-rt-14-dev libomp-14-dev llvm-14
   dataset-fashion-mnist
   python3-h5py python3-numpy python3-matplotlib
 )

@@ -1,6 +1,7 @@
 // Host casts between f32, f16 and bf16. fp16 uses the F16C instructions and bf16 AVX2 integer
 // rounding where the CPU has them (checked once at run time, so the binary still runs on CPUs
 // without; the portable loops are the scalar converters of core/half.hpp).
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <cstring>
@@ -14,7 +15,13 @@ namespace mpt::kernels::host {
 namespace {
 
 bool cpu_has_f16c() {
-  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  // CPUID leaf 1, ECX bit 29, rather than __builtin_cpu_supports("f16c"), which clang 14 (the
+  // fuzz build's compiler) does not know.
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) &&
+           (ecx & bit_F16C) != 0;
+  }();
   return has;
 }
 

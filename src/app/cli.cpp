@@ -374,7 +374,8 @@ std::int64_t parse_bytes(const std::string& text, const std::string& option) {
   else if (suffix == "M" || suffix == "m") unit = 1024.0 * 1024;
   else if (suffix == "G" || suffix == "g") unit = 1024.0 * 1024 * 1024;
   else if (!suffix.empty()) used = 0;
-  MPT_REQUIRE(used > 0 && value >= 0 && std::isfinite(value),
+  // Below 2^62 bytes: larger values do not fit the int64 they are converted to.
+  MPT_REQUIRE(used > 0 && value >= 0 && value * unit < 0x1p62,
               option + " has a bad size '" + text + "'", "give bytes with an optional K, M or G suffix, e.g. 256M");
   return static_cast<std::int64_t>(value * unit);
 }

@@ -190,8 +190,10 @@ void write_atomically(const std::string& path, const std::string& what,
       hdf5_quiet();
       Hdf5Handle access(H5Pcreate(H5P_FILE_ACCESS));
       MPT_CHECK_HDF5(access.get());
-      if (!hold_lock_throughout)
-        MPT_CHECK_HDF5(H5Pset_libver_bounds(access.get(), H5F_LIBVER_V18, H5F_LIBVER_V18));
+      // The 1.8 format for every file written here (checkpoints, exports, predictions): all its
+      // metadata carries checksums, so damage fails HDF5's checks rather than reaching the
+      // decoders that crash on it (docs/reliability.md, "Fuzzing").
+      MPT_CHECK_HDF5(H5Pset_libver_bounds(access.get(), H5F_LIBVER_V18, H5F_LIBVER_V18));
       Hdf5Handle file(H5Fcreate(temporary_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.get()));
       MPT_REQUIRE(file.valid(),
                   "cannot create " + what + " '" + temporary_path + "': " + write_failure_reason(),

@@ -32,6 +32,11 @@ std::string read_host_name() {
 [[noreturn]] void abort_all(int code) {
   std::fflush(stdout);
   std::fflush(stderr);
+#ifdef MPTRAIN_FUZZING
+  // Under libFuzzer (fuzz/) an abort on bad input is a finding: SIGABRT makes it keep the input,
+  // where exit(3) would end the run with nothing saved.
+  std::abort();
+#endif
 #ifdef MPTRAIN_HAVE_MPI
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);

@@ -115,8 +115,9 @@ Hdf5Handle hdf5_write_dataset(hid_t location, const std::string& path, hid_t fil
 // UserError by the caller.
 herr_t hdf5_read_dataset(hid_t dataset, hid_t memory_type, void* out);
 
-// Opens every object of FILE and lists its attributes, which makes HDF5 read (and, in files of
-// the 1.8 format or later, verify the checksum of) every object header. Returns "'/obj': reason"
+// Opens every object of FILE and reads each of its attributes, which makes HDF5 read (and, in
+// files of the 1.8 format or later, verify the checksum of) every object header, and every
+// variable-length attribute value in the global heap. Returns "'/obj': reason"
 // for the first that fails, nullopt when all read. Call it on a user's file before the helpers
 // above, which abort the job on such a failure rather than report it.
 std::optional<std::string> hdf5_find_damaged_object(hid_t file);

@@ -93,6 +93,10 @@ void DataFile::open_and_validate(const ReaderOptions& options) {
                                  "HDF5_USE_FILE_LOCKING=FALSE");
   }
   const hid_t root = file_.get();
+  // Every object header must read before the helpers below touch it: they abort the job on a
+  // failure of the library, and a damaged file is the user's to fix, not a crash.
+  if (const auto damaged = hdf5_find_damaged_object(root))
+    throw_user_error(file_text + " is damaged: HDF5 cannot read " + *damaged + wanted, kTruncatedHint);
   // A name the options leave empty comes from the file's own attribute, if it has one.
   if (options.samples_name.empty())
     samples_name_ = hdf5_read_string_attribute(root, "samples_dataset").value_or(samples_name_);

@@ -123,15 +123,24 @@ void convert_idx(const std::string& images_path, const std::string& labels_path,
               "pass the images and labels of the same split (train with train, t10k with t10k)");
   MPT_REQUIRE(image_count > 0, "IDX file '" + images_stream.path() + "' holds no images",
               "use a non-empty data set");
-  MPT_REQUIRE(rows > 0 && columns > 0 && rows <= 65536 && columns <= 65536,
+  // 16 Mpixel (4096 x 4096) per image at most: far above any IDX data set, and the bound that
+  // keeps a damaged header from making us allocate gigabytes for one image.
+  MPT_REQUIRE(rows > 0 && columns > 0 && std::uint64_t{rows} * columns <= (std::uint64_t{1} << 24),
               "IDX file '" + images_stream.path() + "' has implausible image size " +
                   std::to_string(rows) + "x" + std::to_string(columns),
               "the header is damaged; re-download the file");
 
-  // Labels are small (one byte per sample): read and validate them all before any output.
-  std::vector<std::uint8_t> label_bytes(label_count);
-  labels_stream.read_exact(label_bytes.data(), label_bytes.size(),
-                           std::to_string(label_count) + " labels");
+  // Labels are small (one byte per sample): read and validate them all before any output. They
+  // are read in pieces, so that a header announcing billions of labels in a short (damaged) file
+  // fails as truncated before it has cost gigabytes of memory.
+  std::vector<std::uint8_t> label_bytes;
+  for (std::size_t done = 0; done < label_count;) {
+    const std::size_t piece = std::min<std::size_t>(label_count - done, 1u << 20);
+    label_bytes.resize(done + piece);
+    labels_stream.read_exact(label_bytes.data() + done, piece,
+                             std::to_string(label_count) + " labels");
+    done += piece;
+  }
   std::vector<std::int32_t> labels(label_count);
   for (std::size_t i = 0; i < label_bytes.size(); ++i) {
     MPT_REQUIRE(label_bytes[i] < options.num_classes,

@@ -129,6 +129,16 @@ NpyHeader read_npy_header(std::ifstream& in, const std::string& path) {
                 "NPY file '" + path + "' has a malformed shape (" + shape_text + ")", kNpyHint);
     result.shape.push_back(extent);
   }
+  // Every partial product of the extents (what shape_numel computes) must stay far from overflow;
+  // the data's size is checked against the file later.
+  std::uint64_t bytes = result.item_size;
+  for (const auto extent : result.shape) {
+    MPT_REQUIRE(extent == 0 || bytes <= (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(extent),
+                "NPY file '" + path + "' declares shape (" + shape_text + ") of '" + descr +
+                    "', more data than any file holds",
+                "the header is damaged; save or copy the file again");
+    bytes *= static_cast<std::uint64_t>(extent);
+  }
   return result;
 }
 
@@ -200,7 +210,9 @@ void convert_npy(const std::string& samples_path, const std::string& labels_path
                   shape_to_string(samples.shape) + "; samples must be (N, ...) with N >= 1 and "
                   "at least 2 dimensions",
               "store one sample per row, e.g. (N, 784) or (N, 1, 28, 28)");
-  MPT_REQUIRE(labels.kind == 'i' || labels.kind == 'u',
+  MPT_REQUIRE((labels.kind == 'i' || labels.kind == 'u') &&
+                  (labels.item_size == 1 || labels.item_size == 2 || labels.item_size == 4 ||
+                   labels.item_size == 8),
               "NPY file '" + labels_path + "' (--labels) has dtype '" + labels.descr +
                   "'; labels must be integers ('<i4', '<i8', '|u1', ...)",
               "convert them, e.g. np.save(path, y.astype(np.int64))");
@@ -228,6 +240,10 @@ void convert_npy(const std::string& samples_path, const std::string& labels_path
   const std::vector<std::int32_t> label32(label_values.begin(), label_values.end());
 
   const Shape stored(samples.shape.begin() + 1, samples.shape.end());
+  MPT_REQUIRE(shape_numel(stored) > 0,
+              "NPY file '" + samples_path + "' (--samples) has shape " +
+                  shape_to_string(samples.shape) + ": its samples are empty",
+              "every sample needs at least one element, e.g. (N, 784)");
   const Shape shape = detail::converted_sample_shape(stored, options.sample_shape,
                                                      "'" + samples_path + "'");
   detail::create_parent_directory(out_path);

@@ -46,9 +46,20 @@ DataFileWriter::DataFileWriter(std::string path, std::int64_t num_samples, Shape
     abort_job("DataFileWriter: empty data set or sample shape for '" + path_ + "'");
   if (sample_dtype_ != DType::u8 && sample_dtype_ != DType::f32 && sample_dtype_ != DType::f16)
     abort_job("DataFileWriter: unsupported sample dtype for '" + path_ + "'");
+  // A chunk holds one sample at least, and HDF5 chunks hold fewer than 2^32 elements and 4 GiB.
+  constexpr std::int64_t kChunkLimit = std::int64_t{1} << 32;
+  MPT_REQUIRE(sample_elements_ < kChunkLimit / static_cast<std::int64_t>(dtype_size(sample_dtype_)),
+              "data file '" + path_ + "': samples of shape " + shape_to_string(sample_shape_) +
+                  " are too large for one HDF5 chunk (4 GiB)",
+              "check the input's declared shape, or store smaller samples (--shape)");
   auto lock = hdf5_lock();
   hdf5_quiet();
-  const hid_t file = H5Fcreate(temporary_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  // The 1.8 format: all metadata carries checksums, so a damaged file fails HDF5's checks at open
+  // rather than reaching the decoders that crash on it (docs/reliability.md, "Fuzzing").
+  Hdf5Handle access(H5Pcreate(H5P_FILE_ACCESS));
+  MPT_CHECK_HDF5(access.get());
+  MPT_CHECK_HDF5(H5Pset_libver_bounds(access.get(), H5F_LIBVER_V18, H5F_LIBVER_V18));
+  const hid_t file = H5Fcreate(temporary_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.get());
   MPT_REQUIRE(file >= 0, "cannot create data file '" + temporary_path_ + "': " + hdf5_last_error(),
               "check that the output directory is writable and has free space");
   file_.reset(file);

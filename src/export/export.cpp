@@ -229,6 +229,12 @@ ModelFile load_model_file(const std::string& path) {
     MPT_REQUIRE(handle.valid(), path + ": cannot open it: " + hdf5_last_error(),
                 "the file is truncated or damaged; export it again");
     const hid_t root = handle.get();
+    // Every object header must read (HDF5 verifies their checksums) before the helpers below
+    // touch it: they abort the job on a failure of the library.
+    const auto damaged_object = hdf5_find_damaged_object(root);
+    MPT_REQUIRE(!damaged_object,
+                path + ": damaged, HDF5 cannot read " + damaged_object.value_or(""),
+                "the file is truncated or damaged; export it again");
     const auto format = hdf5_read_string_attribute(root, "mptrain_format");
     MPT_REQUIRE(format == kFormat,
                 path + ": not an mptrain export file (mptrain_format is '" +
