@@ -71,12 +71,12 @@ packages=(
   clang libclang-rt-14-dev libomp-14-dev llvm-14
   dataset-fashion-mnist
   python3-h5py python3-numpy python3-matplotlib
+  libsimgrid-dev simgrid
 )
 ((skip_torch)) || packages+=(python3-torch)
 
 print_cluster_hints() {
   local pkg
-  libsimgrid-dev simgrid
   echo "On a cluster without apt, get the equivalents from modules or Spack:" >&2
   for pkg in "$@"; do
     printf '  %-30s %s\n' "$pkg" "${cluster_name[$pkg]}" >&2

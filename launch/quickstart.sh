@@ -11,7 +11,8 @@ Usage: launch/quickstart.sh [--np N] [--config FILE] [--skip-install] [--help]
   2. cmake --preset release (only if build/release/CMakeCache.txt is missing), then
      cmake --build --preset release (incremental)
   3. mptrain prepare fashion-mnist, only if data/fashion-mnist/{train,test}.h5 are missing
-  4. launch/mpirun.sh N train --config FILE, with OMP_NUM_THREADS=1
+  4. launch/mpirun.sh N train --config FILE --output.overwrite, with OMP_NUM_THREADS=1 (a rerun
+     trains afresh, replacing the earlier run's outputs and checkpoints)
   5. prints the test accuracy from the run's summary.json
 
   --np N          MPI ranks (default 2)
@@ -89,7 +90,10 @@ rm -f "$summary"  # so that a stale summary from an earlier run is never reporte
 
 step "train: $np ranks, $config"
 train_start=$SECONDS
-OMP_NUM_THREADS=1 MPTRAIN_BIN="$repo_root/$mptrain" launch/mpirun.sh "$np" train --config "$config"
+# --output.overwrite: a rerun trains afresh; without it mptrain refuses to replace the earlier
+# run's files in the config's output and checkpoint directories.
+OMP_NUM_THREADS=1 MPTRAIN_BIN="$repo_root/$mptrain" launch/mpirun.sh "$np" train --config "$config" \
+  --output.overwrite
 train_seconds=$((SECONDS - train_start))
 
 [[ -f "$summary" ]] || { echo "quickstart: training finished but $summary is missing" >&2; exit 1; }

@@ -236,7 +236,9 @@ def run_command(args, mode, ranks, run_dir):
         train += ["--config", args.config]
     train += [f"--train.batch-size={batch_per_rank(args, mode, ranks)}",
               f"--train.max-steps={args.steps}", f"--train.log-every={args.log_every}",
-              f"--output.dir={run_dir}"]
+              f"--output.dir={run_dir}",
+              # A rerun of the study replaces its runs (mptrain refuses that without it).
+              "--output.overwrite"]
     if args.threads:
         train.append(f"--train.threads={args.threads}")
     if args.ranks_per_node:

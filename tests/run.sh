@@ -5,13 +5,17 @@ set -euo pipefail
 
 usage() {
   cat <<'EOF'
-Usage: tests/run.sh [--asan] [--preset NAME] [--help] [-- CTEST_ARGS...]
+Usage: tests/run.sh [--asan] [--preset NAME] [--e2e|--no-e2e] [--help] [-- CTEST_ARGS...]
 
 Installs missing Debian packages (launch/install-deps.sh --no-torch), configures and builds
 with a CMake preset, then runs CTest: serial tests (label 'unit') two at a time, MPI tests
 (label 'mpi', which oversubscribe the cores) one at a time.
 
-  --asan          use the debug-asan preset (AddressSanitizer + UBSan) instead of release
+  --asan          use the debug-asan preset (AddressSanitizer + LeakSanitizer + UBSan, leaks
+                  of the MPI stack suppressed: tests/sanitizers/lsan.supp) instead of release;
+                  runs the unit and MPI GoogleTest suites, not the end-to-end scripts
+  --e2e, --no-e2e run (or skip) the end-to-end scripts (label 'e2e'); default: run them,
+                  except with --asan
   --preset NAME   use any preset from CMakePresets.json (release, debug, debug-asan, cpu-only)
   -- ARGS         pass the remaining arguments to both ctest calls, e.g. -- -R json
 
@@ -22,6 +26,7 @@ EOF
 }
 
 preset=release
+e2e=""
 ctest_args=()
 while (($#)); do
   case "$1" in
@@ -32,6 +37,8 @@ while (($#)); do
       shift
       ;;
     --preset=*) preset=${1#--preset=} ;;
+    --e2e) e2e=1 ;;
+    --no-e2e) e2e=0 ;;
     -h | --help) usage; exit 0 ;;
     --) shift; ctest_args=("$@"); break ;;
     *) echo "tests/run.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -91,7 +98,10 @@ jobs=${MPTRAIN_TEST_JOBS:-2}
 status=0
 echo "tests/run.sh: serial tests (-j$jobs)"
 ctest --preset "$preset" -LE mpi -j"$jobs" ${ctest_args[@]+"${ctest_args[@]}"} || status=$?
-echo "tests/run.sh: MPI tests (-j1)"
-ctest --preset "$preset" -L mpi -j1 ${ctest_args[@]+"${ctest_args[@]}"} || { rc=$?; ((status)) || status=$rc; }
+[[ -n "$e2e" ]] || { [[ "$preset" == debug-asan ]] && e2e=0 || e2e=1; }
+mpi_filter=(-L mpi)
+((e2e)) || mpi_filter+=(-LE e2e)
+echo "tests/run.sh: MPI tests (-j1)$( ((e2e)) || echo ', end-to-end scripts skipped')"
+ctest --preset "$preset" "${mpi_filter[@]}" -j1 ${ctest_args[@]+"${ctest_args[@]}"} || { rc=$?; ((status)) || status=$rc; }
 echo "tests/run.sh: tests done in $((SECONDS - phase_start)) s"
 exit "$status"

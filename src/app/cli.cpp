@@ -155,6 +155,8 @@ po::options_description train_options(TrainCommand& out) {
   po::options_description output("[output] and [checkpoint]", kHelpWidth, kHelpWidth / 2);
   output.add_options()
       ("output.dir", po::value(&run.output_dir)->default_value("runs/latest")->implicit_value(""), "metrics.jsonl and summary.json go here")
+      ("output.overwrite", po::value(&run.overwrite)->default_value(false)->implicit_value(true),
+       "a run that does not continue from a checkpoint replaces an earlier run's files in output.dir and its checkpoints in checkpoint.dir (without it, such a run is refused)")
       ("output.timeline", po::value(&run.timeline)->default_value(false)->implicit_value(true),
        "also write a Chrome-trace timeline per rank (output.dir/timeline-rank<R>.json: each step's phases and each bucket's all-reduce; open in Perfetto or chrome://tracing)")
       ("output.progress", po::value(&run.progress)->default_value("auto"),

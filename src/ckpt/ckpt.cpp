@@ -183,6 +183,9 @@ void write_atomically(const std::string& path, const std::string& what,
                       const std::function<void(hid_t root)>& fill, FillMode mode) {
   const std::string temporary_path = path + ".tmp";
   const bool hold_lock_throughout = mode == FillMode::kLocked;
+  // A .tmp left by a killed write is debris; were it a link, H5Fcreate would write through it.
+  std::error_code stale;
+  fs::remove(temporary_path, stale);
   const char* failure_hint = hold_lock_throughout ? kOtherWriteHint : kWriteHint;  // see FillMode
   try {
     {
@@ -459,6 +462,8 @@ void update_latest(const std::string& dir, const std::string& name) {
   const std::string latest_temporary = latest_path + ".tmp";
   try {
     {
+      std::error_code stale;
+      fs::remove(latest_temporary, stale);  // debris, or a link: never written through
       std::ofstream latest(latest_temporary, std::ios::trunc);
       latest << name << '\n';
       latest.close();
@@ -494,13 +499,18 @@ struct CheckpointFile {
   std::string path;
 };
 
-// Every ckpt-<step>.h5 (a regular file) in DIR, newest step first. ERROR: why DIR could not be
-// listed (the list is then empty).
+// True for a regular file itself, not a link to one: what pruning may delete.
+bool is_plain_file(const fs::directory_entry& entry) {
+  std::error_code ignored;  // an entry that vanished meanwhile is simply not a checkpoint
+  return fs::is_regular_file(entry.symlink_status(ignored));
+}
+
+// Every ckpt-<step>.h5 (a regular file, not a link) in DIR, newest step first. ERROR: why DIR
+// could not be listed (the list is then empty).
 std::vector<CheckpointFile> list_checkpoints(const std::string& dir, std::error_code& error) {
   std::vector<CheckpointFile> files;
   for (const auto& entry : fs::directory_iterator(dir, error)) {
-    std::error_code ignored;  // an entry that vanished meanwhile is simply not a checkpoint
-    if (!entry.is_regular_file(ignored)) continue;
+    if (!is_plain_file(entry)) continue;
     if (auto step = step_of_file_name(entry.path().filename().string(), ".h5"))
       files.push_back({*step, entry.path().string()});
   }
@@ -518,12 +528,13 @@ std::string latest_name(const std::string& dir) {
   return name;
 }
 
-// Deletes what OPTIONS does not keep, and ckpt-*.h5.tmp debris of interrupted writes. Failures
-// to delete are ignored: pruning is housekeeping, and the next checkpoint tries again.
+// Deletes what OPTIONS does not keep, and ckpt-*.h5.tmp debris of interrupted writes: regular
+// files directly in DIR only, never a link or what it points to. Failures to delete are
+// ignored: pruning is housekeeping, and the next checkpoint tries again.
 void prune(const std::string& dir, const SaveOptions& options) {
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(dir, error))
-    if (step_of_file_name(entry.path().filename().string(), ".h5.tmp"))
+    if (step_of_file_name(entry.path().filename().string(), ".h5.tmp") && is_plain_file(entry))
       fs::remove(entry.path(), error);
   const std::string protected_name = latest_name(dir);
   const auto files = list_checkpoints(dir, error);
@@ -830,12 +841,54 @@ std::string resolve_checkpoint_path(const std::string& path_or_dir) {
                 "checkpoint directory '" + path_or_dir + "' has no '" + kLatestName + "' file",
                 "pass a checkpoint file (DIR/ckpt-STEP.h5) or a directory written by mptrain");
     const std::string name = latest_name(path_or_dir);
-    MPT_REQUIRE(!name.empty() && name.find('/') == std::string::npos,
-                "'" + latest_path + "' does not name a checkpoint file (it holds '" + name + "')",
+    // A bare file name in the directory: 'latest' must not lead a resume (or pruning's
+    // protection) anywhere else.
+    MPT_REQUIRE(!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..",
+                "'" + latest_path + "' does not name a checkpoint file in '" + path_or_dir +
+                    "' (it holds '" + name + "')",
                 "write the file name of the checkpoint to load into it, or pass the file");
     path = (fs::path(path_or_dir) / name).string();
+    std::error_code error;
+    if (fs::is_symlink(fs::symlink_status(path, error))) {
+      const fs::path target = fs::weakly_canonical(path, error);
+      const fs::path inside = fs::weakly_canonical(path_or_dir, error);
+      MPT_REQUIRE(!error && target.parent_path() == inside,
+                  "'" + path + "' is a link to '" + target.string() +
+                      "', outside the checkpoint directory '" + path_or_dir + "' ('" +
+                      latest_path + "' names it)",
+                  "pass that checkpoint file itself as --resume=PATH (or --checkpoint), or "
+                  "write the name of a checkpoint in the directory into 'latest'");
+    }
   }
   return path;
+}
+
+std::vector<std::string> checkpoint_files(const std::string& dir) {
+  std::error_code error;
+  std::vector<std::string> paths;
+  for (const auto& file : list_checkpoints(dir, error)) paths.push_back(file.path);
+  return paths;
+}
+
+void remove_checkpoints(const std::string& dir) {
+  std::error_code error;
+  std::vector<fs::path> doomed;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    const bool ours = step_of_file_name(name, ".h5") || step_of_file_name(name, ".h5.tmp") ||
+                      name == kLatestName || name == std::string(kLatestName) + ".tmp";
+    std::error_code ignored;
+    const auto status = entry.symlink_status(ignored);
+    // A link by such a name is removed itself (it is in DIR); what it points to is not touched.
+    if (ours && (fs::is_regular_file(status) || fs::is_symlink(status)))
+      doomed.push_back(entry.path());
+  }
+  for (const auto& path : doomed) {
+    fs::remove(path, error);
+    MPT_REQUIRE(!error,
+                "cannot remove '" + path.string() + "' (--output.overwrite): " + error.message(),
+                "check the permissions of --checkpoint.dir, or choose another --checkpoint.dir");
+  }
 }
 
 LoadedCheckpoint load_weights(const std::string& path_or_dir) {

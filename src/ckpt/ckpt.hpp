@@ -145,6 +145,15 @@ std::string resolve_checkpoint_path(const std::string& path_or_dir);
 void write_hdf5_atomically(const std::string& path, const std::string& what,
                            const std::function<void(hid_t root)>& fill);
 
+// The checkpoints in DIR: regular files (not links) named ckpt-<step>.h5 directly inside it,
+// newest step first; empty when DIR is missing.
+std::vector<std::string> checkpoint_files(const std::string& dir);
+
+// --output.overwrite of a fresh run: deletes DIR's ckpt-<step>.h5, their .tmp debris and
+// 'latest', regular files directly inside DIR only (a link by such a name is removed, what it
+// points to never). UserError naming a file that cannot be removed.
+void remove_checkpoints(const std::string& dir);
+
 // True for names save_weights accepts ([A-Za-z0-9_./-], no "..", "//" or leading/trailing '/').
 bool valid_tensor_name(const std::string& name);
 

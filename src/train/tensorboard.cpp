@@ -4,6 +4,7 @@
 
 #include <bit>
 #include <chrono>
+#include <cctype>
 #include <cstring>
 #include <filesystem>
 
@@ -69,8 +70,13 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
               "choose a writable --output.dir");
   char host[256] = "localhost";
   gethostname(host, sizeof(host) - 1);
+  // The name is TensorBoard's convention; the host part keeps to [A-Za-z0-9_-] (others become
+  // '_') so that no name can leave DIR through a '/' or "..", however unlikely from a host name.
+  std::string host_part = host;
+  for (char& c : host_part)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
   path_ = dir + "/events.out.tfevents." +
-          std::to_string(static_cast<std::int64_t>(wall_time())) + "." + host;
+          std::to_string(static_cast<std::int64_t>(wall_time())) + "." + host_part;
   file_.open(path_, std::ios::binary | std::ios::trunc);
   MPT_REQUIRE(file_.good(), "cannot write '" + path_ + "' (--output.tensorboard)",
               "choose a writable --output.dir");

@@ -109,6 +109,9 @@ struct RunConfig {
   PrecisionConfig amp;
   comm::CommOptions comm;
   std::string output_dir;
+  // Replace an earlier run's files in output_dir and its checkpoints in checkpoint.dir when this
+  // run does not continue from a checkpoint; false: such a run is refused (output_files.hpp).
+  bool overwrite = false;
   bool tensorboard = false;  // also TensorBoard event files in output_dir/tensorboard (rank 0)
   bool timeline = false;     // also a Chrome-trace timeline per rank, output_dir/timeline-rank<R>.json
   std::string progress = "auto";  // rank 0's console: auto (a bar on a terminal) | bar | lines

@@ -1,5 +1,7 @@
 // The data-parallel training loop: every rank reads its shard, runs forward and backward on
 // planned buffers, and the ranks average gradients before an identical optimizer step.
+#include <dirent.h>
+
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -36,6 +38,7 @@
 #include "optim/optim.hpp"
 #include "train/checkpointing.hpp"
 #include "train/evaluate.hpp"
+#include "train/output_files.hpp"
 #include "train/progress.hpp"
 #include "train/tensorboard.hpp"
 #include "train/timeline.hpp"
@@ -111,10 +114,12 @@ Fault parse_fault(const std::string& text) {
   const bool known = fault.kind == "nan-grad" || fault.kind == "comm-error" ||
                      fault.kind == "comm-crash" || fault.kind == "stop-signal" ||
                      fault.kind == "slow-rank" || fault.kind == "stall" ||
-                     fault.kind == "slow-checkpoint";
+                     fault.kind == "slow-checkpoint" || fault.kind == "exit" ||
+                     fault.kind == "abort" || fault.kind == "io-error";
   MPT_REQUIRE(ok && known && fault.rank >= 0 && fault.step >= 1,
               "MPTRAIN_FAULT='" + text + "' is not KIND:RANK:STEP with KIND nan-grad, comm-error, "
-              "comm-crash, stop-signal or stall, or KIND:RANK:MS with KIND slow-rank or slow-checkpoint",
+              "comm-crash, stop-signal, stall, exit, abort or io-error, or KIND:RANK:MS with KIND slow-rank "
+              "or slow-checkpoint",
               "unset MPTRAIN_FAULT; it is a test hook (docs/testing.md)");
   return fault;
 }
@@ -124,6 +129,26 @@ Fault parse_fault(const std::string& text) {
 // --train.max-steps count optimizer steps (as a PyTorch loop that steps every K batches).
 std::int64_t optimizer_steps_per_epoch(std::int64_t batches_per_epoch, std::int64_t accumulate) {
   return (batches_per_epoch + accumulate - 1) / accumulate;
+}
+
+// MPTRAIN_FAULT=io-error:RANK:STEP: RANK's reader fails on the first batch of step STEP (1-based)
+// the way a failed pread() does, on its I/O thread; the error reaches the trainer at next().
+std::function<void(std::int64_t, std::int64_t)> io_fault(const Fault& fault, int rank,
+                                                         const data::ShardPlan& plan,
+                                                         const RunConfig& config) {
+  if (fault.kind != "io-error" || fault.rank != rank) return {};
+  const std::int64_t per_epoch =
+      optimizer_steps_per_epoch(plan.steps_per_epoch(), config.loop.accumulate);
+  const std::int64_t epoch = (fault.step - 1) / per_epoch;
+  const std::int64_t batch = ((fault.step - 1) % per_epoch) * config.loop.accumulate;
+  const std::string path = config.data.train_path;
+  const std::int64_t step = fault.step;
+  return [=](std::int64_t read_epoch, std::int64_t read_batch) {
+    if (read_epoch == epoch && read_batch == batch)
+      throw_user_error("cannot read the samples of step " + std::to_string(step) + " from '" +
+                           path + "': Input/output error (injected by MPTRAIN_FAULT=io-error)",
+                       "check the file system; MPTRAIN_FAULT is a test hook (docs/testing.md)");
+  };
 }
 
 // The micro-batches (prefetcher batches) that the first STEPS optimizer steps read.
@@ -261,12 +286,14 @@ std::optional<double> slurm_seconds_left() {
   return end_time - now;
 }
 
-// Appends one JSON object per line to metrics.jsonl; only rank 0 holds an open file.
+// Appends one JSON object per line to metrics.jsonl; only rank 0 holds an open file. APPEND: a
+// run that continues from a checkpoint adds to its run's file (claim_run_directories decided).
 class MetricsLog {
  public:
-  void open(const std::string& dir) {
+  void open(const std::string& dir, bool append) {
     path_ = dir + "/metrics.jsonl";
-    file_.open(path_, std::ios::trunc);
+    require_not_symlink(path_, "--output.dir");
+    file_.open(path_, append ? std::ios::app : std::ios::trunc);
     MPT_REQUIRE(file_.good(), "cannot write '" + path_ + "' (--output.dir)",
                 "choose a writable directory with --output.dir=DIR");
   }
@@ -283,6 +310,8 @@ class MetricsLog {
 
 void write_text_file(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
+  std::error_code ignored;
+  std::filesystem::remove(tmp, ignored);  // debris of a killed run, or a link: never written to
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << text << '\n';
@@ -303,8 +332,10 @@ struct InputPipeline {
   // OPEN_READER opens one more reader of the training set, as the trainer opened TRAIN_READER.
   void plan(const DataConfig& config, const comm::World& world, data::DatasetReader& train_reader,
             const std::function<std::unique_ptr<data::DatasetReader>()>& open_reader,
-            const data::ShardPlan& shard_plan) {
+            const data::ShardPlan& shard_plan,
+            std::function<void(std::int64_t epoch, std::int64_t step)> before_read) {
     data::PrefetchOptions options;
+    options.before_read = std::move(before_read);
     options.depth = config.prefetch;
     options.io_threads = config.io_threads;
     options.read_delay_ms = config.debug_read_delay_ms;
@@ -341,9 +372,11 @@ struct InputPipeline {
 // ---- step-time breakdown ------------------------------------------------------------------------
 
 // What each rank sends rank 0 per logging window, in this order.
+// The last two are the soak instrumentation (issue #11): the rank's resident set and open
+// file descriptors at the window's end, in the same gather.
 enum BreakdownField : int {
   kWindowSeconds, kDataWait, kForward, kBackward, kComm, kExposed, kOptimizer, kCheckpoint,
-  kBreakdownFields
+  kResidentMb, kOpenFds, kBreakdownFields
 };
 
 struct WindowBreakdown {
@@ -381,6 +414,73 @@ WindowBreakdown summarize_breakdown(const std::vector<double>& gathered, int ran
     }
   }
   return result;
+}
+
+// ---- soak instrumentation ----------------------------------------------------------------------
+
+// This process's resident set in MiB (VmRSS of /proc/self/status); -1 where /proc lacks it. Read
+// once per logging window, never in a step.
+double resident_set_mb() {
+  std::FILE* status = std::fopen("/proc/self/status", "r");
+  if (status == nullptr) return -1;
+  char line[256];
+  double kilobytes = -1;
+  while (std::fgets(line, sizeof(line), status) != nullptr)
+    if (std::strncmp(line, "VmRSS:", 6) == 0) {
+      kilobytes = std::strtod(line + 6, nullptr);
+      break;
+    }
+  std::fclose(status);
+  return kilobytes < 0 ? -1 : kilobytes / 1024;
+}
+
+// This process's open file descriptors (the entries of /proc/self/fd, less the one that lists
+// them); -1 where /proc lacks it.
+double open_file_descriptors() {
+  DIR* fds = ::opendir("/proc/self/fd");
+  if (fds == nullptr) return -1;
+  int count = 0;
+  while (const dirent* entry = ::readdir(fds))
+    if (entry->d_name[0] != '.') ++count;
+  ::closedir(fds);
+  return count - 1;
+}
+
+// Rank 0's record of every rank's resident set and descriptors over the run's windows, for
+// metrics.jsonl (each window) and summary.json (first, last and largest per rank).
+struct ResourceTrack {
+  std::vector<double> rss_first, rss_last, rss_max, fds_first, fds_last, fds_max;
+
+  void add(const std::vector<double>& gathered, int ranks) {
+    const bool first = rss_first.empty();
+    for (int r = 0; r < ranks; ++r) {
+      const double* v = gathered.data() + static_cast<std::size_t>(r) * kBreakdownFields;
+      if (first) {
+        rss_first.push_back(v[kResidentMb]);
+        fds_first.push_back(v[kOpenFds]);
+        rss_max.push_back(v[kResidentMb]);
+        fds_max.push_back(v[kOpenFds]);
+        rss_last.push_back(0);
+        fds_last.push_back(0);
+      }
+      const auto i = static_cast<std::size_t>(r);
+      rss_last[i] = v[kResidentMb];
+      fds_last[i] = v[kOpenFds];
+      rss_max[i] = std::max(rss_max[i], v[kResidentMb]);
+      fds_max[i] = std::max(fds_max[i], v[kOpenFds]);
+    }
+  }
+};
+
+// A JSON array of VALUES: MiB with one decimal, or whole counts.
+std::string json_array(const std::vector<double>& values, bool counts) {
+  std::string text = "[";
+  char number[32];
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    std::snprintf(number, sizeof(number), counts ? "%.0f" : "%.1f", values[i]);
+    text += (i > 0 ? ", " : "") + std::string(number);
+  }
+  return text + "]";
 }
 
 // ---- checkpoints -------------------------------------------------------------------------------
@@ -438,6 +538,8 @@ std::optional<ckpt::LoadedCheckpoint> load_for_resume(const RunConfig& config, n
                                                       const data::DatasetInfo& info) {
   const std::string& resume = config.checkpoint.resume;
   if (resume == "none") return std::nullopt;
+  // Reading (and verifying) a large checkpoint is busy, not hung: the watchdog waits for it.
+  comm::set_phase(comm::Phase::checkpoint);
   std::optional<ckpt::LoadedCheckpoint> loaded;
   if (resume == "auto") {
     loaded = ckpt::load_newest_valid(config.checkpoint.dir, [](const std::string& line) {
@@ -616,7 +718,6 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
   auto& test_reader = state_->test_reader;
   auto& model = state_->model;
   auto& plan = state_->plan;
-  auto& metrics = state_->metrics;
   // Setup makes no collective call, so a bad option or file on any rank ends every rank here.
   world.run_agreed([&] {
     validate(config);
@@ -661,12 +762,10 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
     state_->input.plan(config.data, world, *train_reader, [&] {
       return std::make_unique<data::DatasetReader>(config.data.train_path,
                                                    reader_options(config.data, "--data.train"));
-    }, *plan);
-    if (root && !config.output_dir.empty()) {
-      ensure_directory(config.output_dir, "--output.dir");
-      metrics.open(config.output_dir);
-      if (config.tensorboard) state_->tensorboard.emplace(config.output_dir + "/tensorboard");
-    }
+    }, *plan, io_fault(state_->fault, world.rank(), *plan, config));
+    // The files in it are opened in run(), once the resume decision says whether this run
+    // continues an earlier one (claim_run_directories).
+    if (root && !config.output_dir.empty()) ensure_directory(config.output_dir, "--output.dir");
     if (root && !config.checkpoint.dir.empty()) ensure_directory(config.checkpoint.dir, "--checkpoint.dir");
   });
   // The watchdog and the topology are collective, so they are built between two agreed phases
@@ -732,14 +831,6 @@ TrainSummary Trainer::run() {
   state_->reducer.emplace(topology, allreduce, model->grads(), model->param_offsets(),
                           mib(config.comm.bucket_mb), mib(config.comm.first_bucket_mb));
   comm::GradientReducer& reducer = *state_->reducer;
-  // Every rank's timeline, in the directory rank 0 created during setup.
-  world.run_agreed([&] {
-    if (config.timeline)
-      state_->timeline.emplace(config.output_dir + "/timeline-rank" + std::to_string(world.rank()) +
-                                   ".json",
-                               world.rank(), wall_start);
-  });
-  Timeline* const timeline = state_->timeline ? &*state_->timeline : nullptr;
   const bool overlap = config.comm.overlap != "off";  // auto, for a library caller: on
 
   if (root) {
@@ -778,8 +869,29 @@ TrainSummary Trainer::run() {
   const auto& checkpointing = config.checkpoint;
   std::optional<ckpt::LoadedCheckpoint> resumed;
   world.run_agreed([&] {
-    if (root) resumed = load_for_resume(config, *model, info);
+    if (!root) return;
+    resumed = load_for_resume(config, *model, info);
+    // Only now is it known whether this run continues an earlier one, whose files it appends
+    // to; else an earlier run's files are refused (or with --output.overwrite removed) before
+    // anything is opened.
+    claim_run_directories(config, resumed.has_value());
+    if (config.output_dir.empty()) return;
+    metrics.open(config.output_dir, resumed.has_value());
+    if (config.tensorboard) {
+      require_not_symlink(config.output_dir + "/tensorboard", "--output.dir");
+      state_->tensorboard.emplace(config.output_dir + "/tensorboard");
+    }
   });
+  // Every rank's timeline, in the directory rank 0 created during setup (one per invocation: a
+  // continued run starts it afresh).
+  world.run_agreed([&] {
+    if (!config.timeline) return;
+    const std::string path =
+        config.output_dir + "/timeline-rank" + std::to_string(world.rank()) + ".json";
+    require_not_symlink(path, "--output.dir");
+    state_->timeline.emplace(path, world.rank(), wall_start);
+  });
+  Timeline* const timeline = state_->timeline ? &*state_->timeline : nullptr;
   Tensor resume_header({kResumeFields}, DType::i64);
   std::fill_n(resume_header.data<std::int64_t>(), kResumeFields, 0);
   if (root && resumed)
@@ -961,6 +1073,7 @@ TrainSummary Trainer::run() {
   double window_forward = 0, window_backward = 0, window_optimizer = 0, window_checkpoint = 0;
   double total_forward = 0, total_backward = 0, total_optimizer = 0;
   std::vector<double> gathered;  // rank 0: every rank's window statistics
+  ResourceTrack resources;       // rank 0: every rank's RSS and descriptors, window by window
   double last_window_loss = std::nan("");
   auto window_start = Clock::now();
   std::int64_t window_steps = 0;
@@ -1115,6 +1228,16 @@ TrainSummary Trainer::run() {
         // test: the others wait for it in the gradient all-reduce).
         if (fault_now && state_->fault.kind == "stall")
           for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+        // MPTRAIN_FAULT=exit|abort:RANK:STEP: RANK dies in the forward of step STEP, by exit(1)
+        // without MPI_Finalize or by SIGABRT; the launcher must end the others.
+        if (fault_now && (state_->fault.kind == "exit" || state_->fault.kind == "abort")) {
+          std::fprintf(stderr, "mptrain: error: [%s] injected %s at step %lld (MPTRAIN_FAULT)\n",
+                       process_where().c_str(), state_->fault.kind.c_str(),
+                       static_cast<long long>(step + 1));
+          std::fflush(stderr);
+          if (state_->fault.kind == "exit") std::_Exit(1);
+          std::abort();
+        }
         const Tensor& logits = model->forward(input.samples, /*training=*/true);
         const auto stats = kernels::softmax_xent_forward_backward(
             logits, input.labels, dlogits, grad_scale * static_cast<float>(loss_scale));
@@ -1261,14 +1384,17 @@ TrainSummary Trainer::run() {
       world.allreduce_sum(window, 4);
       // Every rank's breakdown reaches rank 0 in one gather per window: it logs the maximum of
       // each part (the slowest rank sets the pace) and names a straggler.
+      // With them, this rank's resident set and descriptors (a few /proc reads per window).
       const double mine[kBreakdownFields] = {seconds_since(window_start), window_data_wait,
                                              window_forward, window_backward, window_comm,
-                                             window_exposed, window_optimizer, window_checkpoint};
+                                             window_exposed, window_optimizer, window_checkpoint,
+                                             resident_set_mb(), open_file_descriptors()};
       world.gather(mine, kBreakdownFields, gathered, 0);
       const double loss = window[0] / window[2];
       last_window_loss = loss;
       if (root) {
         const WindowBreakdown parts = summarize_breakdown(gathered, world.size());
+        resources.add(gathered, world.size());
         progress.clear();
         progress.set_loss(loss);
         // Throughput is training's: the checkpoints' stall is reported beside it, not in it.
@@ -1308,7 +1434,9 @@ TrainSummary Trainer::run() {
             .add("straggler_rank", parts.straggler)
             .add("straggler_ratio", parts.straggler >= 0 ? parts.straggler_busy / parts.median_busy : 0.0)
             .add("loss_scale", scaler.scale()).add("skipped_steps", scaler.state().skipped_steps)
-            .add("skipped_samples", static_cast<std::int64_t>(window[3]));
+            .add("skipped_samples", static_cast<std::int64_t>(window[3]))
+            .add_raw("rss_mb", json_array(resources.rss_last, false))
+            .add_raw("open_fds", json_array(resources.fds_last, true));
         if (grad_norm >= 0) record.add("grad_norm", grad_norm);
         metrics.write(record);
         if (state_->tensorboard)
@@ -1450,6 +1578,14 @@ TrainSummary Trainer::run() {
         .add("last_checkpoint", summary.last_checkpoint)
         .add("matmul", kernels::matmul_backend() == kernels::MatmulBackend::dnnl ? "onednn" : "blas")
         .add("mptrain_version", MPTRAIN_VERSION).add("git_hash", MPTRAIN_GIT_HASH);
+    // Each rank's resident set (MiB) and open descriptors over the logged windows (issue #11).
+    if (!resources.rss_first.empty())
+      json.add_raw("rss_mb_first", json_array(resources.rss_first, false))
+          .add_raw("rss_mb_last", json_array(resources.rss_last, false))
+          .add_raw("rss_mb_max", json_array(resources.rss_max, false))
+          .add_raw("open_fds_first", json_array(resources.fds_first, true))
+          .add_raw("open_fds_last", json_array(resources.fds_last, true))
+          .add_raw("open_fds_max", json_array(resources.fds_max, true));
     if (!config.output_dir.empty()) write_text_file(config.output_dir + "/summary.json", json.str());
     std::printf("done: %lld steps, %.0f samples/s, final train loss %.4f", static_cast<long long>(step),
                 summary.samples_per_s, summary.final_train_loss);

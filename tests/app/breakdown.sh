@@ -224,7 +224,7 @@ out="$TMP/pipe"
 if "$MPIEXEC" -n 2 "$MPTRAIN" train "${COMMON[@]}" --train.max-steps=20 --output.dir="$out" >"$out.log" 2>&1 &&
     ! grep -q $'\r' "$out.log" && [ "$(grep -c '^step [0-9]*/20  epoch' "$out.log")" -eq 2 ] &&
     "$MPIEXEC" -n 2 "$MPTRAIN" train "${COMMON[@]}" --train.max-steps=20 --output.progress=bar \
-      --output.dir="$out" >"$out.bar" 2>&1 && grep -q $'\repoch 1/1 \\[' "$out.bar"; then
+      --output.dir="$out-bar" >"$out.bar" 2>&1 && grep -q $'\repoch 1/1 \\[' "$out.bar"; then
   pass "in a pipe: step lines only; --output.progress=bar draws anyway"
 else
   fail "console in a pipe"; cat -A "$out.log" | tail -3 >&2

@@ -101,7 +101,7 @@ SLURM_JOB_END_TIME=soon expect_error "bad SLURM_JOB_END_TIME" 2 "SLURM_JOB_END_T
   train --data.train="$D/train.h5" --output.dir="$TMP/o"
 # A checkpoint of one model does not resume another: the message names the first parameter.
 "$MPIEXEC" -n 1 "$MPTRAIN" train --data.train="$D/train.h5" --model.layers=dense:32,relu,dense:10 \
-  --train.max-steps=2 --checkpoint.dir="$TMP/ck-small" --output.dir="$TMP/o" >/dev/null 2>&1
+  --train.max-steps=2 --checkpoint.dir="$TMP/ck-small" --output.dir="$TMP/o-small" >/dev/null 2>&1
 expect_error "resume another model" 2 "dense0/weight" \
   train --data.train="$D/train.h5" --model.layers=dense:48,relu,dense:10 --checkpoint.dir="$TMP/ck-small" \
   --resume=auto --output.dir="$TMP/o"
@@ -173,7 +173,7 @@ PYEOF
   # The same plain file trains once the class count is given.
   if timeout 60 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" train --data.train="$TMP/plain.h5" \
       --data.num-classes=10 --train.batch-size=8 --model.layers=dense:8,relu,dense:10 \
-      --output.dir="$TMP/o" >"$TMP/out" 2>"$TMP/err"; then
+      --output.dir="$TMP/o-plain" >"$TMP/out" 2>"$TMP/err"; then
     pass "plain h5py file trains with --data.num-classes"
   else
     fail "plain h5py file with --data.num-classes:"; cat "$TMP/err" >&2

@@ -9,8 +9,9 @@ source "$(dirname "$0")/common.sh"
 D="$TMP/data"
 "$MPTRAIN" prepare synthetic --out "$D" --train-samples 2048 --test-samples 64 --shape 1,16,16 \
   --classes 10 --seed 5 >"$TMP/prepare.log"
+# Every run is a fresh one into the same directory: --output.overwrite says so.
 COMMON=(--data.train="$D/train.h5" --model.layers=dense:128,relu,dense:10 --train.batch-size=16
-        --output.dir="$TMP/o")
+        --output.dir="$TMP/o" --output.overwrite)
 TIMEOUT=2
 LIMIT=30  # seconds from start to exit: the timeout, the census and the abort
 
