@@ -516,14 +516,16 @@ TEST(DatasetReaderErrors, FileTruncatedAfterOpenFailsCleanlyAtRead) {
   synthetic.train_samples = 2000;
   synthetic.test_samples = 10;
   prepare_synthetic(synthetic, dir.path());
-  const std::string path = dir.file("train.h5");
-  const auto size = std::filesystem::file_size(path);
+  const auto size = std::filesystem::file_size(dir.file("train.h5"));
   // Each pass starts from an intact copy: growing the cut file back would leave zeros where the
   // metadata at its end was, which the (checksummed) 1.8 format rightly reports at open.
   const std::string intact = dir.file("intact.h5");
-  std::filesystem::copy_file(path, intact);
+  std::filesystem::copy_file(dir.file("train.h5"), intact);
   for (bool direct : {true, false}) {
     SCOPED_TRACE(direct ? "direct" : "hdf5");
+    // A new file (a new inode) per pass: HDF5 may keep the truncated file of the previous pass
+    // open after its failed close, and would hand that stale file back for the same inode.
+    const std::string path = dir.file(direct ? "train-direct.h5" : "train-hdf5.h5");
     std::filesystem::copy_file(intact, path, std::filesystem::copy_options::overwrite_existing);
     ReaderOptions options;
     options.direct_reads = direct;
