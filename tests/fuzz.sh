@@ -94,10 +94,13 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 export TMPDIR=$work  # the targets' scratch directories
 failed=()
 third_party=()
-# True when the first frame of the report outside the sanitizer and libc runtimes lies in
-# libhdf5: a crash of HDF5 itself on a damaged file, which no check of ours can prevent.
+# True when the first frame of the fatal report (the last "ERROR:" in the log: a leak or warning
+# report of an earlier input may come before it) outside the sanitizer and libc runtimes lies
+# in libhdf5: a crash of HDF5 itself on a damaged file, which no check of ours can prevent.
 inside_libhdf5() {
-  grep -E '^ +#[0-9]+ ' "$1" | grep -vE '__interceptor_|__sanitizer|__asan|__ubsan|fuzzer::|libc\.so|(^| )(malloc|calloc|realloc|free) ' |
+  awk '/ERROR: / { report = "" } { report = report $0 "\n" } END { printf "%s", report }' "$1" |
+    grep -E '^ +#[0-9]+ ' |
+    grep -vE '__interceptor_|__sanitizer|__asan|__ubsan|fuzzer::|libc\.so|(^| )(malloc|calloc|realloc|free) ' |
     head -n 1 | grep -q 'libhdf5'
 }
 printf '%-16s %8s %10s %8s %7s  %s\n' target seconds execs exec/s corpus result
