@@ -3,6 +3,8 @@
 // rank's watchdog thread, which polls for queries whatever its main thread is doing, answers
 // with its own. Ranks whose answer shows them inside the same collective have arrived; the
 // others are named with their step, phase and how long they have been there.
+#include "comm/watchdog.hpp"
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -11,7 +13,6 @@
 #include <optional>
 #include <vector>
 
-#include "comm/watchdog.hpp"
 #include "core/error.hpp"
 
 namespace mpt::comm {

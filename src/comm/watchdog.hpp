@@ -86,7 +86,6 @@ class Watchdog {
   Watchdog& operator=(const Watchdog&) = delete;
 
   bool active() const { return thread_.joinable(); }
-  double timeout_s() const { return timeout_s_; }
 
  private:
   void thread_main();
