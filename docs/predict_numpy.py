@@ -135,18 +135,26 @@ def forward(spec, tensors, x):
     return x
 
 
+def text(value):
+    """A string attribute as str: mptrain writes fixed-length UTF-8 strings, which h5py returns as
+    bytes; variable-length ones (older files, other writers) come back as str."""
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
 def load_model(path):
     with h5py.File(path, "r") as f:
         a = f.attrs
-        assert a.get("mptrain_format") == FORMAT, f"{path}: not an mptrain export file"
+        assert text(a.get("mptrain_format", "")) == FORMAT, f"{path}: not an mptrain export file"
         assert int(a["format_version"]) == VERSION, f"{path}: format_version {a['format_version']}"
         model = {
-            "spec": a["model_spec"], "sample_shape": tuple(int(s) for s in a["sample_shape"]),
+            "spec": text(a["model_spec"]), "sample_shape": tuple(int(s) for s in a["sample_shape"]),
             "num_classes": int(a["num_classes"]), "mean": np.float32(a["input_mean"]),
-            "std": np.float32(a["input_std"]), "sha256": a["sha256"],
+            "std": np.float32(a["input_std"]), "sha256": text(a["sha256"]),
         }
-        names = list(a["weight_names"]) + list(a.get("buffer_names", []))
-        groups = ["weights"] * len(a["weight_names"]) + ["buffers"] * len(a.get("buffer_names", []))
+        weight_names = [text(n) for n in a["weight_names"]]
+        buffer_names = [text(n) for n in a.get("buffer_names", [])]
+        names = weight_names + buffer_names
+        groups = ["weights"] * len(weight_names) + ["buffers"] * len(buffer_names)
         tensors = {n: np.asarray(f[g][n], dtype="<f4") for g, n in zip(groups, names)}
     # The documented digest: every weight, then every buffer (float32 LE, in the listed order),
     # the spec in UTF-8, a NUL, sample shape and class count as int64 LE, mean and std as float32.
@@ -164,8 +172,8 @@ def load_model(path):
 
 def load_data(path, model):
     with h5py.File(path, "r") as f:
-        samples = f[f.attrs.get("samples_dataset", "samples")]
-        labels_name = f.attrs.get("labels_dataset", "labels")
+        samples = f[text(f.attrs.get("samples_dataset", "samples"))]
+        labels_name = text(f.attrs.get("labels_dataset", "labels"))
         labels = np.asarray(f[labels_name], dtype=np.int64) if labels_name in f else None
         x = np.asarray(samples)
     n = x.shape[0]

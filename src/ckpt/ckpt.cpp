@@ -166,6 +166,33 @@ void close_abandoned_file(Hdf5Handle& file) {
   hdf5_last_error();  // clears the stack
 }
 
+// Claims the space HDF5's flush and close will write into, past the file's end of allocation plus
+// kFlushSlack (the flush allocates a little more: free-space and superblock-extension messages,
+// about 1 KiB in a checkpoint of ours). Blocks are reserved without changing the file's size
+// (fallocate KEEP_SIZE: HDF5's driver tracks the size itself), and a file-size limit (ulimit -f),
+// which such a reservation does not meet, is checked against. Returns 0, or the errno of the
+// refusal; a file system without fallocate is left to the flush.
+constexpr haddr_t kFlushSlack = 64 << 10;
+int reserve_flush_space(hid_t file) {
+  auto lock = hdf5_lock();
+  haddr_t end = 0;
+  Hdf5Handle access(H5Fget_access_plist(file));
+  void* handle = nullptr;
+  if (H5Fget_eoa(file, &end) < 0 || !access.valid() ||
+      H5Fget_vfd_handle(file, access.get(), &handle) < 0 || handle == nullptr) {
+    hdf5_last_error();  // clears the stack
+    return 0;           // not the sec2 driver: leave it to the flush
+  }
+  end += kFlushSlack;
+  rlimit size_limit{};
+  if (::getrlimit(RLIMIT_FSIZE, &size_limit) == 0 && size_limit.rlim_cur != RLIM_INFINITY &&
+      end > size_limit.rlim_cur)
+    return EFBIG;
+  const int descriptor = *static_cast<int*>(handle);
+  if (::fallocate(descriptor, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(end)) == 0) return 0;
+  return errno == EOPNOTSUPP ? 0 : errno;
+}
+
 // How write_atomically() runs FILL.
 enum class FillMode {
   // FILL runs under hdf5_lock() (export and prediction files: small, written by the main thread).
@@ -205,6 +232,14 @@ void write_atomically(const std::string& path, const std::string& what,
         if (!hold_lock_throughout) lock.unlock();
         fill(file.get());
         if (!lock.owns_lock()) lock.lock();
+        // HDF5 1.10 cannot survive a flush or close that fails half-way (see
+        // close_abandoned_file), so the space its metadata still needs is claimed first, where a
+        // refusal (a full disk, a quota, a file-size limit) is a failed write like any other.
+        const int reserve_error = reserve_flush_space(file.get());
+        MPT_REQUIRE(reserve_error == 0,
+                    "cannot write " + what + " '" + temporary_path + "': " +
+                        std::strerror(reserve_error),
+                    failure_hint);
         // A full disk often shows only here, when HDF5 writes its metadata and sieve buffer.
         MPT_REQUIRE(H5Fflush(file.get(), H5F_SCOPE_GLOBAL) >= 0,
                     "cannot write " + what + " '" + temporary_path + "': " + write_failure_reason(),
@@ -213,7 +248,7 @@ void write_atomically(const std::string& path, const std::string& what,
         close_abandoned_file(file);
         throw;
       }
-      // Flushed: what the close still writes is small and inside space already allocated.
+      // Flushed and full length: what the close still writes lies inside the file.
       MPT_REQUIRE(H5Fclose(file.release()) >= 0,
                   "cannot write " + what + " '" + temporary_path + "': " + write_failure_reason(),
                   failure_hint);
@@ -701,16 +736,16 @@ std::optional<std::string> describe_checkpoint(const std::string& path) {
   auto lock = hdf5_lock();
   hdf5_quiet();
   if (H5Fis_hdf5(path.c_str()) <= 0) return std::nullopt;
+  const auto damaged_metadata = hdf5_probe_file(path);
+  MPT_REQUIRE(!damaged_metadata,
+              "'" + path + "' is damaged: HDF5 cannot read " + damaged_metadata.value_or(""),
+              kDamagedHint);
   Hdf5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!file.valid()) {
     hdf5_last_error();  // clear the stack
     return std::nullopt;
   }
   const hid_t root = file.get();
-  const auto damaged_metadata = hdf5_find_damaged_object(root);
-  MPT_REQUIRE(!damaged_metadata,
-              "'" + path + "' is damaged: HDF5 cannot read " + damaged_metadata.value_or(""),
-              kDamagedHint);
   if (hdf5_read_string_attribute(root, "mptrain_format") != std::string(kFormat))
     return std::nullopt;
 
@@ -900,15 +935,15 @@ LoadedCheckpoint load_weights(const std::string& path_or_dir) {
   hdf5_quiet();
   MPT_REQUIRE(H5Fis_hdf5(path.c_str()) > 0, "checkpoint file '" + path + "' is not an HDF5 file",
               kDamagedHint);
+  // Before any attribute is read: the HDF5 checksums of the object headers (the attributes).
+  const auto damaged = hdf5_probe_file(path);
+  MPT_REQUIRE(!damaged,
+              "checkpoint '" + path + "' is damaged: HDF5 cannot read " + damaged.value_or(""),
+              kDamagedHint);
   Hdf5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   MPT_REQUIRE(file.valid(), "cannot open checkpoint file '" + path + "': " + hdf5_last_error(),
               kDamagedHint);
   const hid_t root = file.get();
-  // Before any attribute is read: the HDF5 checksums of the object headers (the attributes).
-  const auto damaged = hdf5_find_damaged_object(root);
-  MPT_REQUIRE(!damaged,
-              "checkpoint '" + path + "' is damaged: HDF5 cannot read " + damaged.value_or(""),
-              kDamagedHint);
   const auto format = hdf5_read_string_attribute(root, "mptrain_format");
   MPT_REQUIRE(format == kFormat,
               "'" + path + "' is not an mptrain checkpoint (mptrain_format is '" +

@@ -2,12 +2,39 @@
 // itself, so callers that forget cannot race; recursion makes the nested take free of deadlock.
 #include "core/hdf5.hpp"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
 #include "core/error.hpp"
+
+// Set by the sanitizer runtimes (ASan, UBSan) when they are linked in; libFuzzer installs a death
+// callback through it that writes a crash file, which a probe child must not do for its parent.
+extern "C" void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
 
 namespace mpt {
 
+namespace {
+// True only in a forked probe child (hdf5_probe_file), which has a single thread. It inherits the
+// mutex as its parent's thread held it, and that thread does not exist there.
+bool in_probe_child = false;
+std::atomic<bool> probe_isolation{true};
+}  // namespace
+
 std::unique_lock<std::recursive_mutex> hdf5_lock() {
   static std::recursive_mutex mutex;
+  if (in_probe_child) return {};
   return std::unique_lock<std::recursive_mutex>(mutex);
 }
 
@@ -77,6 +104,18 @@ Hdf5Handle variable_string_type() {
   return type;
 }
 
+// Our string attributes are fixed-length (SIZE bytes, NUL-padded, UTF-8): their bytes then live in
+// the object header, which the 1.8 format checksums. Variable-length strings would sit in the
+// global heap, which has no checksum in any HDF5 format and on which HDF5 1.10 crashes when it is
+// damaged (fuzz/regressions/*/libhdf5-*). Readers accept both.
+Hdf5Handle fixed_string_type(std::size_t size) {
+  Hdf5Handle type = MPT_HDF5_HANDLE(H5Tcopy(H5T_C_S1));
+  MPT_CHECK_HDF5(H5Tset_size(type.get(), std::max<std::size_t>(size, 1)));
+  MPT_CHECK_HDF5(H5Tset_strpad(type.get(), H5T_STR_NULLPAD));
+  MPT_CHECK_HDF5(H5Tset_cset(type.get(), H5T_CSET_UTF8));
+  return type;
+}
+
 void write_attribute_raw(hid_t object, const std::string& name, hid_t file_type, hid_t memory_type,
                          hid_t space, const void* data) {
   auto lock = hdf5_lock();
@@ -136,6 +175,7 @@ std::vector<std::string> read_strings(const OpenedAttribute& opened) {
     MPT_CHECK_HDF5(H5Dvlen_reclaim(memory_type.get(), space.get(), H5P_DEFAULT, pointers.data()));
   } else {
     const std::size_t size = H5Tget_size(opened.type.get());
+    const bool space_padded = H5Tget_strpad(opened.type.get()) == H5T_STR_SPACEPAD;
     std::vector<char> buffer(size * count + 1, '\0');
     MPT_CHECK_HDF5(H5Aread(attribute, opened.type.get(), buffer.data()));
     for (std::size_t i = 0; i < count; ++i) {
@@ -143,7 +183,7 @@ std::vector<std::string> read_strings(const OpenedAttribute& opened) {
       std::size_t length = 0;
       while (length < size && begin[length] != '\0') ++length;
       // Space-padded fixed strings (Fortran style) carry trailing blanks that are not content.
-      while (length > 0 && begin[length - 1] == ' ') --length;
+      while (space_padded && length > 0 && begin[length - 1] == ' ') --length;
       values.emplace_back(begin, length);
     }
   }
@@ -200,9 +240,9 @@ void hdf5_write_attribute(hid_t object, const std::string& name, float value) {
 }
 void hdf5_write_attribute(hid_t object, const std::string& name, const std::string& value) {
   auto lock = hdf5_lock();
-  Hdf5Handle type = variable_string_type();
-  const char* pointer = value.c_str();
-  write_scalar_attribute(object, name, type.get(), type.get(), &pointer);
+  Hdf5Handle type = fixed_string_type(value.size());
+  const std::string padded = value.empty() ? std::string(1, '\0') : value;
+  write_scalar_attribute(object, name, type.get(), type.get(), padded.data());
 }
 void hdf5_write_attribute(hid_t object, const std::string& name, const char* value) {
   hdf5_write_attribute(object, name, std::string(value));
@@ -216,12 +256,13 @@ void hdf5_write_attribute(hid_t object, const std::string& name,
 void hdf5_write_attribute(hid_t object, const std::string& name,
                           const std::vector<std::string>& values) {
   auto lock = hdf5_lock();
-  Hdf5Handle type = variable_string_type();
+  std::size_t width = 1;
+  for (const auto& value : values) width = std::max(width, value.size());
+  Hdf5Handle type = fixed_string_type(width);
   Hdf5Handle space = vector_space(values.size());
-  std::vector<const char*> pointers;
-  pointers.reserve(values.size());
-  for (const auto& value : values) pointers.push_back(value.c_str());
-  write_attribute_raw(object, name, type.get(), type.get(), space.get(), pointers.data());
+  std::string packed(width * values.size(), '\0');
+  for (std::size_t i = 0; i < values.size(); ++i) packed.replace(i * width, values[i].size(), values[i]);
+  write_attribute_raw(object, name, type.get(), type.get(), space.get(), packed.data());
 }
 
 std::optional<std::int64_t> hdf5_read_int_attribute(hid_t object, const std::string& name) {
@@ -336,8 +377,9 @@ std::string hdf5_type_name(hid_t type) {
   }
 }
 
-std::optional<std::string> hdf5_find_damaged_object(hid_t file) {
-  auto lock = hdf5_lock();
+namespace {
+
+std::optional<std::string> find_damaged_object(hid_t file) {
   // Each attribute is read in full, in its own type: variable-length values live in the file's
   // global heap, outside the object header and its checksum, and a damaged one would otherwise
   // first fail inside a helper above, which aborts (found by fuzz/fuzz_data_file).
@@ -371,6 +413,121 @@ std::optional<std::string> hdf5_find_damaged_object(hid_t file) {
       return "'/" + path + "': " + hdf5_last_error();
   }
   return std::nullopt;
+}
+
+// Opens PATH and walks it; nullopt also when HDF5 cannot open it (the caller's open says why).
+std::optional<std::string> walk_file(const std::string& path) {
+  Hdf5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!file.valid()) {
+    hdf5_last_error();  // clear the stack
+    return std::nullopt;
+  }
+  return find_damaged_object(file.get());
+}
+
+// The child's side: walk, write "ok" or "damaged\n" + reason to OUT, _exit(0). Anything else
+// the parent sees (a signal, another exit status, a short message) means the library crashed.
+[[noreturn]] void run_probe_child(const std::string& path, int out) {
+  in_probe_child = true;
+  // A crash here must end this process quietly, not run handlers the parent installed (ASan's
+  // report, libFuzzer's crash file, a core dump of a large process).
+  for (int signal_number : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) std::signal(signal_number, SIG_DFL);
+  if (__sanitizer_set_death_callback) __sanitizer_set_death_callback(nullptr);
+  const struct rlimit no_core = {0, 0};
+  setrlimit(RLIMIT_CORE, &no_core);
+  const int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (null >= 0) dup2(null, STDERR_FILENO);
+  std::string verdict = "ok";
+  if (const auto damaged = walk_file(path)) verdict = "damaged\n" + *damaged;
+  const char* data = verdict.data();
+  std::size_t left = verdict.size();
+  while (left > 0) {
+    const ssize_t written = write(out, data, left);
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) _exit(3);
+    data += written;
+    left -= static_cast<std::size_t>(written);
+  }
+  _exit(0);
+}
+
+double probe_timeout_s() {
+  const char* text = std::getenv("MPTRAIN_HDF5_PROBE_TIMEOUT");
+  if (text == nullptr || *text == '\0') return 20.0;
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  MPT_REQUIRE(end != text && *end == '\0' && seconds > 0,
+              "MPTRAIN_HDF5_PROBE_TIMEOUT='" + std::string(text) + "' is not a positive number",
+              "give the seconds a damaged-file check of an HDF5 file may take, e.g. 20");
+  return seconds;
+}
+
+std::string signal_text(int signal_number) {
+  const char* abbreviation = sigabbrev_np(signal_number);
+  return abbreviation ? "SIG" + std::string(abbreviation) : "signal " + std::to_string(signal_number);
+}
+
+}  // namespace
+
+void hdf5_set_probe_isolation(bool isolated) { probe_isolation = isolated; }
+
+std::optional<std::string> hdf5_probe_file(const std::string& path) {
+  const double timeout_s = probe_timeout_s();
+  // Held across fork(): no other thread of ours is inside HDF5 then, so the child's copy of the
+  // library's global state is consistent.
+  auto lock = hdf5_lock();
+  hdf5_quiet();
+  if (!probe_isolation) return walk_file(path);
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return walk_file(path);
+  const pid_t child = fork();
+  if (child < 0) {  // no processes or memory left for a child: probe here, unprotected
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    return walk_file(path);
+  }
+  if (child == 0) {
+    close(pipe_fds[0]);
+    run_probe_child(path, pipe_fds[1]);
+  }
+  close(pipe_fds[1]);
+  std::string message;
+  bool timed_out = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    struct pollfd readable = {pipe_fds[0], POLLIN, 0};
+    const int ready = poll(&readable, 1, static_cast<int>(std::min<long long>(left.count(), 1000)));
+    if (ready < 0 && errno != EINTR) break;
+    if (ready <= 0) continue;
+    char buffer[512];
+    const ssize_t got = read(pipe_fds[0], buffer, sizeof buffer);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;  // end of file: the child is done (or dead)
+    message.append(buffer, static_cast<std::size_t>(got));
+  }
+  close(pipe_fds[0]);
+  if (timed_out) kill(child, SIGKILL);
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%g", timeout_s);
+  if (timed_out)
+    return "its metadata within " + std::string(seconds) +
+           " s (HDF5 1.10 loops on some damaged files; on a file system that slow, raise "
+           "MPTRAIN_HDF5_PROBE_TIMEOUT)";
+  const bool clean_exit = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  if (clean_exit && message == "ok") return std::nullopt;
+  if (clean_exit && message.rfind("damaged\n", 0) == 0) return message.substr(8);
+  const std::string how = WIFSIGNALED(status) ? signal_text(WTERMSIG(status))
+                                              : "exit status " + std::to_string(WEXITSTATUS(status));
+  return "its metadata: the HDF5 library crashed on it (" + how + " in mptrain's probe process)";
 }
 
 }  // namespace mpt

@@ -115,12 +115,21 @@ Hdf5Handle hdf5_write_dataset(hid_t location, const std::string& path, hid_t fil
 // UserError by the caller.
 herr_t hdf5_read_dataset(hid_t dataset, hid_t memory_type, void* out);
 
-// Opens every object of FILE and reads each of its attributes, which makes HDF5 read (and, in
-// files of the 1.8 format or later, verify the checksum of) every object header, and every
-// variable-length attribute value in the global heap. Returns "'/obj': reason"
-// for the first that fails, nullopt when all read. Call it on a user's file before the helpers
-// above, which abort the job on such a failure rather than report it.
-std::optional<std::string> hdf5_find_damaged_object(hid_t file);
+// Checks a user's file before the process opens it: a child process opens PATH read-only and
+// reads every object header and every attribute value, which makes HDF5 read (and, in files of
+// the 1.8 format or later, verify the checksum of) all the metadata the helpers above touch, and
+// every variable-length attribute value in the global heap. Returns "'/obj': reason" for the
+// first that fails, or what happened when the library crashed or looped on it (HDF5 1.10 does on
+// some damaged files: fuzz/regressions/*/libhdf5-*), nullopt when all read or when HDF5 cannot open the
+// file at all (the caller's own H5Fopen then says why). Call it before opening a user's file:
+// the helpers above abort the job on a failure of the library rather than report it.
+//
+// Why a child: a crash inside libhdf5 cannot be caught in the process, and the global heap has no
+// checksum in any HDF5 format. The probe is fork()ed (it calls no MPI, and Open MPI allows that)
+// and gets MPTRAIN_HDF5_PROBE_TIMEOUT seconds (default 20) before it is killed. Where fork()
+// fails, or after hdf5_set_probe_isolation(false), the same walk runs in this process.
+std::optional<std::string> hdf5_probe_file(const std::string& path);
+void hdf5_set_probe_isolation(bool isolated);
 
 // "uint8", "int32", "float32", "float16", "string", ... for messages and inspect.
 std::string hdf5_type_name(hid_t type);

@@ -81,6 +81,10 @@ void DataFile::open_and_validate(const ReaderOptions& options) {
               file_text + " is not an HDF5 file (or is truncated before its header)" + wanted,
               "mptrain reads HDF5 data files written by `mptrain prepare` (see "
               "docs/data-format.md)");
+  // Every object header must read before the helpers below touch it: they abort the job on a
+  // failure of the library, and a damaged file is the user's to fix, not a crash.
+  if (const auto damaged = hdf5_probe_file(path_))
+    throw_user_error(file_text + " is damaged: HDF5 cannot read " + *damaged + wanted, kTruncatedHint);
   file_.reset(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!file_.valid()) {
     // HDF5 compares the file's size with the end address its superblock records, so a file cut
@@ -93,10 +97,6 @@ void DataFile::open_and_validate(const ReaderOptions& options) {
                                  "HDF5_USE_FILE_LOCKING=FALSE");
   }
   const hid_t root = file_.get();
-  // Every object header must read before the helpers below touch it: they abort the job on a
-  // failure of the library, and a damaged file is the user's to fix, not a crash.
-  if (const auto damaged = hdf5_find_damaged_object(root))
-    throw_user_error(file_text + " is damaged: HDF5 cannot read " + *damaged + wanted, kTruncatedHint);
   // A name the options leave empty comes from the file's own attribute, if it has one.
   if (options.samples_name.empty())
     samples_name_ = hdf5_read_string_attribute(root, "samples_dataset").value_or(samples_name_);

@@ -206,16 +206,16 @@ std::string inspect_file(const std::string& path) {
   hdf5_quiet();
   MPT_REQUIRE(H5Fis_hdf5(path.c_str()) > 0, "'" + path + "' is not an HDF5 file",
               "inspect reads HDF5 files: mptrain data files, checkpoints, or any other");
+  // Every object header must read before the helpers below touch it: they abort on a failure.
+  if (const auto damaged = hdf5_probe_file(path))
+    throw_user_error("'" + path + "' is damaged: HDF5 cannot read " + *damaged,
+                     "the file was truncated or overwritten; for a checkpoint, use an older one "
+                     "(ckpt-STEP.h5 in the same directory)");
   Hdf5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   MPT_REQUIRE(file.valid(), "cannot open HDF5 file '" + path + "': " + hdf5_last_error(),
               "the file may be truncated or damaged; on Lustre or NFS set "
               "HDF5_USE_FILE_LOCKING=FALSE");
   const hid_t root = file.get();
-  // Every object header must read before the helpers below touch it: they abort on a failure.
-  if (const auto damaged = hdf5_find_damaged_object(root))
-    throw_user_error("'" + path + "' is damaged: HDF5 cannot read " + *damaged,
-                     "the file was truncated or overwritten; for a checkpoint, use an older one "
-                     "(ckpt-STEP.h5 in the same directory)");
 
   const std::string format = hdf5_read_string_attribute(root, "mptrain_format").value_or("");
   std::string kind = "other HDF5 file (not written by mptrain)";

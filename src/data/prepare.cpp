@@ -239,6 +239,10 @@ DataFileAttributes converted_attributes(const ArrayConvertOptions& options, std:
   MPT_REQUIRE(fs::is_regular_file(options.stats_from) && H5Fis_hdf5(options.stats_from.c_str()) > 0,
               "--stats-from '" + options.stats_from + "' is not an HDF5 data file",
               "name the training set's .h5 file, whose mean and std the new file should reuse");
+  if (const auto damaged = hdf5_probe_file(options.stats_from))
+    throw_user_error("--stats-from '" + options.stats_from + "' is damaged: HDF5 cannot read " +
+                         *damaged,
+                     "name an intact data file, or prepare the training set again");
   Hdf5Handle file(H5Fopen(options.stats_from.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   MPT_REQUIRE(file.valid(), "cannot open --stats-from '" + options.stats_from + "': " +
                                 hdf5_last_error(),

@@ -225,16 +225,16 @@ ModelFile load_model_file(const std::string& path) {
     hdf5_quiet();
     MPT_REQUIRE(H5Fis_hdf5(path.c_str()) > 0, path + ": not an HDF5 file, so not an export file",
                 export_hint);
+    // Every object header must read (HDF5 verifies their checksums) before the helpers below
+    // touch it: they abort the job on a failure of the library.
+    const auto damaged_object = hdf5_probe_file(path);
+    MPT_REQUIRE(!damaged_object,
+                path + ": damaged, HDF5 cannot read " + damaged_object.value_or(""),
+                "the file is truncated or damaged; export it again");
     Hdf5Handle handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
     MPT_REQUIRE(handle.valid(), path + ": cannot open it: " + hdf5_last_error(),
                 "the file is truncated or damaged; export it again");
     const hid_t root = handle.get();
-    // Every object header must read (HDF5 verifies their checksums) before the helpers below
-    // touch it: they abort the job on a failure of the library.
-    const auto damaged_object = hdf5_find_damaged_object(root);
-    MPT_REQUIRE(!damaged_object,
-                path + ": damaged, HDF5 cannot read " + damaged_object.value_or(""),
-                "the file is truncated or damaged; export it again");
     const auto format = hdf5_read_string_attribute(root, "mptrain_format");
     MPT_REQUIRE(format == kFormat,
                 path + ": not an mptrain export file (mptrain_format is '" +

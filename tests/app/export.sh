@@ -123,7 +123,7 @@ run_model mlp16 "dense:64,gelu,bn,dense:10" fp16
 "$PY" - "$TMP/resnet/model.h5" <<'PYEOF' && pass "resnet: export carries trained BN statistics" || fail "resnet: BN buffers"
 import sys, h5py, numpy as np
 with h5py.File(sys.argv[1], "r") as f:
-    names = list(f.attrs["buffer_names"])
+    names = [n.decode() for n in f.attrs["buffer_names"]]  # fixed-length strings: bytes in h5py
     assert "bn1/running_mean" in names and "resblock4/proj_bn/running_var" in names, names
     m = np.asarray(f["buffers/bn1/running_mean"])
     assert np.abs(m).max() > 1e-3, m
