@@ -85,7 +85,7 @@ po::options_description train_options(TrainCommand& out) {
       ("train.precision", po::value(&run.amp.precision)->default_value("fp32"),
        "fp32 | fp16 | bf16: storage of weights, activations and gradients (FP32 masters, FP32 compute)")
       ("train.threads", po::value(&out.runtime.threads)->default_value(0),
-       "compute threads per rank (0: OMP_NUM_THREADS if set, else cores per node / ranks per node)");
+       "compute threads per rank (0: OMP_NUM_THREADS if set, else the rank's cores / ranks sharing them)");
   po::options_description amp("[amp]", kHelpWidth, kHelpWidth / 2);
   amp.add_options()
       ("amp.loss-scaling", po::value(&run.amp.loss_scaling)->default_value("auto"),
@@ -348,7 +348,7 @@ PredictCommand parse_predict_command(const std::vector<std::string>& args) {
       ("precision", po::value(&predict.precision)->default_value("auto"),
        "auto (the precision the model was trained in, as eval uses) | fp32 | fp16 | bf16")
       ("threads", po::value(&out.runtime.threads)->default_value(0),
-       "compute threads per rank (0: OMP_NUM_THREADS if set, else cores per node / ranks per node)");
+       "compute threads per rank (0: OMP_NUM_THREADS if set, else the rank's cores / ranks sharing them)");
   out.help = parse("predict", args, visible, out.help_text);
   if (out.help) return out;
   MPT_REQUIRE(!predict.model_path.empty(), "no model file given (--model)",

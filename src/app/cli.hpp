@@ -12,7 +12,7 @@ namespace mpt::app {
 struct RuntimeConfig {
   std::string device = "auto";  // auto | cpu | cuda
   std::string matmul = "auto";  // auto | onednn | blas
-  int threads = 0;              // per rank; 0: OMP_NUM_THREADS, else cores / ranks per node
+  int threads = 0;              // per rank; 0: OMP_NUM_THREADS, else a share of its cores (threads.hpp)
 };
 
 struct TrainCommand {

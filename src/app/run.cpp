@@ -4,14 +4,13 @@
 #include <omp.h>
 
 #include <Kokkos_Core.hpp>
-#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
-#include <thread>
 
 #include "app/cli.hpp"
+#include "app/threads.hpp"
 #include "ckpt/ckpt.hpp"
 #include "core/error.hpp"
 #include "core/hdf5.hpp"
@@ -40,15 +39,29 @@ const char* kUsage =
     "`mptrain COMMAND --help` lists the options of a command. Options can also come from an\n"
     "INI file (--config FILE): `[optimizer] lr = 0.1` is `--optimizer.lr=0.1`; the command line wins.\n";
 
-// Sets the compute threads (and the matmul library); returns the number of compute threads.
-int apply_runtime(const RuntimeConfig& runtime, const comm::World& world) {
-  int threads = runtime.threads;
-  if (threads == 0 && std::getenv("OMP_NUM_THREADS") == nullptr) {
-    // Ranks on one node share its cores; oversubscribing them is the commonest CPU slowdown.
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    threads = std::max(1, cores / world.local_size());
+// This rank's compute threads: --train.threads (--threads), else OMP_NUM_THREADS, else its
+// share of the cores it may run on (threads.hpp), and that share. Collective: one allgather
+// over the node at start-up. Rank 0 warns when its node's threads outnumber the node's cores.
+struct RankThreads {
+  int threads = 1;
+  int share = 1;  // the threads this rank's cores hold without oversubscribing
+};
+RankThreads plan_threads(const RuntimeConfig& runtime, const comm::World& world,
+                         const std::string& option) {
+  int requested = runtime.threads;
+  if (requested == 0 && std::getenv("OMP_NUM_THREADS") != nullptr)
+    requested = omp_get_max_threads();  // what the OpenMP runtime read from it
+  const auto node = plan_node(gather_node_cpus(world.handle(), this_rank_cpus(requested)));
+  if (world.rank() == 0) {
+    const std::string warning = oversubscription_warning(node, option);
+    if (!warning.empty()) std::fprintf(stderr, "%s\n", warning.c_str());
   }
-  if (threads == 0) threads = omp_get_max_threads();  // OMP_NUM_THREADS was set
+  return {node.threads.at(world.local_rank()), node.shares.at(world.local_rank())};
+}
+
+// Sets the compute threads (OpenMP: oneDNN and the host kernels; OpenBLAS's own pool) and the
+// matmul library.
+void apply_runtime(const RuntimeConfig& runtime, int threads) {
   omp_set_num_threads(threads);
   if (openblas_set_num_threads) openblas_set_num_threads(threads);
   if (runtime.matmul == "blas") kernels::set_matmul_backend(kernels::MatmulBackend::blas);
@@ -57,7 +70,6 @@ int apply_runtime(const RuntimeConfig& runtime, const comm::World& world) {
                 "rebuild with libdnnl-dev installed, or use --kernels.matmul=blas");
     kernels::set_matmul_backend(kernels::MatmulBackend::dnnl);
   }
-  return threads;
 }
 
 // --comm.overlap=auto: buckets overlap backward only where every rank has a core beyond its
@@ -65,10 +77,10 @@ int apply_runtime(const RuntimeConfig& runtime, const comm::World& world) {
 // communication thread takes turns with compute and the step gets slower (docs/perf.md). One
 // MAX reduction, so that every rank decides alike (the order of sync BN's collectives among
 // the buckets depends on it).
-void resolve_overlap(comm::CommOptions& comm, int threads, const comm::World& world) {
+void resolve_overlap(comm::CommOptions& comm, const RankThreads& threads,
+                     const comm::World& world) {
   if (comm.overlap != "auto") return;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const double no_spare_core = cores / world.local_size() > threads ? 0 : 1;
+  const double no_spare_core = threads.share > threads.threads ? 0 : 1;
   comm.overlap = world.max(no_spare_core) > 0 ? "off" : "on";
 }
 
@@ -90,15 +102,13 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
 
   if (command == "train" || command == "eval") {
     TrainCommand parsed;
-    int threads = 1;
-    world.run_agreed([&] {
-      parsed = parse_train_command(command, rest);
-      if (!parsed.help) threads = apply_runtime(parsed.runtime, world);
-    });
+    world.run_agreed([&] { parsed = parse_train_command(command, rest); });
     if (parsed.help) {
       print_help_once(parsed.help_text, world);
       return 0;
     }
+    const RankThreads threads = plan_threads(parsed.runtime, world, "--train.threads");
+    world.run_agreed([&] { apply_runtime(parsed.runtime, threads.threads); });
     if (command == "train") {
       resolve_overlap(parsed.run.comm, threads, world);
       if (const char* fault = std::getenv("MPTRAIN_FAULT")) parsed.run.fault = fault;
@@ -135,14 +145,13 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
 
   if (command == "predict") {
     PredictCommand parsed;
-    world.run_agreed([&] {
-      parsed = parse_predict_command(rest);
-      if (!parsed.help) apply_runtime(parsed.runtime, world);
-    });
+    world.run_agreed([&] { parsed = parse_predict_command(rest); });
     if (parsed.help) {
       print_help_once(parsed.help_text, world);
       return 0;
     }
+    const RankThreads threads = plan_threads(parsed.runtime, world, "--threads");
+    world.run_agreed([&] { apply_runtime(parsed.runtime, threads.threads); });
     const auto result = train::run_prediction(parsed.predict, world);
     if (world.rank() == 0) {
       std::printf("predict: accuracy %.4f  top5 %.4f  loss %.4f  samples %lld  model %s  data %s\n",
