@@ -24,8 +24,8 @@ struct Conv2dGeometry {
 namespace host {
 void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col);
 void col2im(Tensor& col, const Conv2dGeometry& g, Tensor& dx);
-void channel_rows_to_samples(const Tensor& rows, const Tensor& bias, Tensor& samples);
-void samples_to_channel_rows(const Tensor& samples, Tensor& rows);
+void channel_rows_to_samples(const Tensor& rows, const Tensor& bias, Tensor& samples, bool relu);
+void samples_to_channel_rows(const Tensor& samples, Tensor& rows, const Tensor* relu_output);
 void channel_bias_forward(Tensor& y, const Tensor& bias);
 void channel_bias_backward(const Tensor& dy, Tensor& bias_grad, bool accumulate);
 }  // namespace host
@@ -47,17 +47,24 @@ inline void col2im(Tensor& col, const Conv2dGeometry& g, Tensor& dx) {
 }
 
 // SAMPLES[b, c, p] = ROWS[c, b*P + p] + BIAS[c]: a block's GEMM output [C, B*P] (channel-major)
-// back into B NCHW samples [B, C, P], with the bias added on the way. All f32, caller-owned.
-inline void channel_rows_to_samples(const Tensor& rows, const Tensor& bias, Tensor& samples) {
+// back into B NCHW samples [B, C, P], with the bias added on the way. With RELU, the ReLU that
+// follows the conv too (v < 0 ? 0 : v, as kernels::relu_forward: a NaN stays). All f32,
+// caller-owned.
+inline void channel_rows_to_samples(const Tensor& rows, const Tensor& bias, Tensor& samples,
+                                    bool relu = false) {
   if (rows.device() != Device::cpu) detail::built_without_cuda("kernels::channel_rows_to_samples");
-  host::channel_rows_to_samples(rows, bias, samples);
+  host::channel_rows_to_samples(rows, bias, samples, relu);
 }
 
 // ROWS[c, b*P + p] = SAMPLES[b, c, p]: B NCHW samples into channel-major [C, B*P], the layout
-// the block's weight- and input-gradient GEMMs read. ROWS's shape gives C; all f32.
-inline void samples_to_channel_rows(const Tensor& samples, Tensor& rows) {
+// the block's weight- and input-gradient GEMMs read. ROWS's shape gives C; both f32. With
+// RELU_OUTPUT (shaped like SAMPLES, f32, f16 or bf16: the forward's output after a fused ReLU,
+// read in its storage dtype), the ReLU's backward too: 0 where RELU_OUTPUT is not > 0, as
+// kernels::relu_backward.
+inline void samples_to_channel_rows(const Tensor& samples, Tensor& rows,
+                                    const Tensor* relu_output = nullptr) {
   if (rows.device() != Device::cpu) detail::built_without_cuda("kernels::samples_to_channel_rows");
-  host::samples_to_channel_rows(samples, rows);
+  host::samples_to_channel_rows(samples, rows, relu_output);
 }
 
 // Y[c, p] += BIAS[c] for f32 Y [C, P] (channels first, as a conv output sample is).

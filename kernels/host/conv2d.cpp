@@ -5,6 +5,8 @@
 #include "kernels/conv2d.hpp"
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 
 #include "kernels/host/parallel.hpp"
 
@@ -49,6 +51,30 @@ ColumnRange inside_columns(const Conv2dGeometry& g, std::int64_t j) {
   const std::int64_t end = std::min(ow_n, first_at_least(g.width + g.pad - j));
   return {begin, std::max(begin, end)};
 }
+
+// Under stride 1 and "same" width, the output columns of tap column J that read inside the
+// input are the same in every output row. MASKS[J * positions + e] holds all-one bits where
+// output position e reads inside the input and 0 where it reads padding, so that a tap's
+// shifted copy (im2col) or add (col2im) is one branch-free loop with no per-row zero fills.
+// False (and nothing written) when the K masks would not fit in kMaskWords.
+constexpr std::int64_t kMaskWords = 8192;
+bool column_masks(const Conv2dGeometry& g, std::uint32_t* masks) {
+  const std::int64_t ow_n = g.out_width(), positions = g.out_height() * ow_n;
+  if (g.stride != 1 || ow_n != g.width || g.kernel * positions > kMaskWords) return false;
+  for (std::int64_t j = 0; j < g.kernel; ++j) {
+    const ColumnRange inside = inside_columns(g, j);
+    for (std::int64_t e = 0; e < positions; ++e) {
+      const std::int64_t ow = e % ow_n;
+      masks[j * positions + e] = ow >= inside.begin && ow < inside.end ? ~0u : 0u;
+    }
+  }
+  return true;
+}
+
+// V, or +0 where MASK is 0: exactly what zeroing the entry would give.
+inline float masked(float v, std::uint32_t mask) {
+  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(v) & mask);
+}
 }  // namespace
 
 void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col) {
@@ -65,8 +91,9 @@ void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col) {
   const std::int64_t row_length = samples * positions;
   // Stride 1 with the output as wide as the input ("same" padding, as in the cnn): a tap's
   // rows are the input plane shifted by a constant, so all its rows inside the input are one
-  // contiguous copy, after which the columns that fell into the padding are zeroed.
-  const bool shifted_plane = g.stride == 1 && ow_n == g.width;
+  // contiguous copy, masked where the columns fall into the padding (column_masks).
+  std::uint32_t mask_table[kMaskWords];
+  const std::uint32_t* masks = column_masks(g, mask_table) ? mask_table : nullptr;
   parallel_rows(label, g.col_rows(), row_length, [=](std::int64_t begin, std::int64_t end) {
     for (std::int64_t row = begin; row < end; ++row) {
       const std::int64_t c = row / (k * k), i = row / k % k, j = row % k;
@@ -79,22 +106,20 @@ void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col) {
       for (std::int64_t b = 0; b < samples; ++b) {
         float* dst = out + row * row_length + b * positions;
         const float* plane = in + b * sample_size + c * g.height * g.width;
-        for (std::int64_t e = 0; e < oh_begin * ow_n; ++e) dst[e] = 0.f;
-        for (std::int64_t e = oh_end * ow_n; e < positions; ++e) dst[e] = 0.f;
-        if (shifted_plane && oh_end > oh_begin && inside.end > inside.begin) {
+        if (masks && oh_end > oh_begin && inside.end > inside.begin) {
           // Output (oh, ow) reads input element oh*W + ow + shift; the copy runs from the first
           // valid element of the first row to the last of the last, so it stays in the plane.
           const std::int64_t shift = (i - g.pad) * g.width + (j - g.pad);
           const std::int64_t first = oh_begin * ow_n + inside.begin;
           const std::int64_t last = (oh_end - 1) * ow_n + inside.end;
-          for (std::int64_t e = first; e < last; ++e) dst[e] = plane[e + shift];
-          for (std::int64_t oh = oh_begin; oh < oh_end; ++oh) {
-            float* dst_row = dst + oh * ow_n;
-            for (std::int64_t ow = 0; ow < inside.begin; ++ow) dst_row[ow] = 0.f;
-            for (std::int64_t ow = inside.end; ow < ow_n; ++ow) dst_row[ow] = 0.f;
-          }
+          const std::uint32_t* mask = masks + j * positions;
+          for (std::int64_t e = 0; e < first; ++e) dst[e] = 0.f;
+          for (std::int64_t e = first; e < last; ++e) dst[e] = masked(plane[e + shift], mask[e]);
+          for (std::int64_t e = last; e < positions; ++e) dst[e] = 0.f;
           continue;
         }
+        for (std::int64_t e = 0; e < oh_begin * ow_n; ++e) dst[e] = 0.f;
+        for (std::int64_t e = oh_end * ow_n; e < positions; ++e) dst[e] = 0.f;
         for (std::int64_t oh = oh_begin; oh < oh_end; ++oh) {
           float* dst_row = dst + oh * ow_n;
           // Output column ow reads input column ow*S + shift.
@@ -121,59 +146,65 @@ void col2im(Tensor& col, const Conv2dGeometry& g, Tensor& dx) {
       check_samples(op, "dx must hold whole f32 samples of the geometry's shape", dx, g);
   check_sample(op, "col must be f32 [C*K*K, samples*OH*OW]", col,
                g.col_rows() * samples * g.col_columns());
-  float* in = col.data<float>();
+  const float* in = col.data<float>();
   float* out = dx.data<float>();
   const std::int64_t oh_n = g.out_height(), ow_n = g.out_width(), k = g.kernel;
   const std::int64_t plane = g.height * g.width, positions = oh_n * ow_n;
   const std::int64_t row_length = samples * positions;
   // As in im2col: under stride 1 and "same" width a tap adds a shifted copy of its rows, one
-  // contiguous loop, once the entries that read padding columns are zeroed (they would land on
-  // the neighbouring row's edge).
-  const bool shifted_plane = g.stride == 1 && ow_n == g.width;
-  // One (sample, channel) plane per task: the taps of a plane overlap in dx, two planes do not.
-  parallel_rows(label, samples * g.channels, k * k * positions,
+  // contiguous loop, with the entries that read padding columns masked to 0 (they would land
+  // on the neighbouring row's edge).
+  std::uint32_t mask_table[kMaskWords];
+  const std::uint32_t* masks = column_masks(g, mask_table) ? mask_table : nullptr;
+  // One channel per task: the taps of a plane overlap in dx, two channels' planes do not. Tap
+  // by tap, the task reads the tap's row of COL front to back (every sample of the block), and
+  // adds into the channel's planes of the block's samples, which stay in L1.
+  parallel_rows(label, g.channels, samples * k * k * positions,
                 [=](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t task = begin; task < end; ++task) {
-      const std::int64_t b = task / g.channels, c = task % g.channels;
-      float* dst = out + task * plane;
-      for (std::int64_t e = 0; e < plane; ++e) dst[e] = 0.f;
+    for (std::int64_t c = begin; c < end; ++c) {
+      for (std::int64_t b = 0; b < samples; ++b) {
+        float* dst = out + (b * g.channels + c) * plane;
+        for (std::int64_t e = 0; e < plane; ++e) dst[e] = 0.f;
+      }
       for (std::int64_t i = 0; i < k; ++i)
         for (std::int64_t j = 0; j < k; ++j) {
           const ColumnRange inside = inside_columns(g, j);
-          float* src = in + ((c * k + i) * k + j) * row_length + b * positions;
+          const float* row = in + ((c * k + i) * k + j) * row_length;
           const std::int64_t oh_begin = std::clamp<std::int64_t>(
               (g.pad - i + g.stride - 1) / g.stride, 0, oh_n);
           const std::int64_t oh_end = std::clamp<std::int64_t>(
               (g.height + g.pad - i + g.stride - 1) / g.stride, oh_begin, oh_n);
-          if (shifted_plane && oh_end > oh_begin && inside.end > inside.begin) {
-            for (std::int64_t oh = oh_begin; oh < oh_end; ++oh) {
-              float* src_row = src + oh * ow_n;
-              for (std::int64_t ow = 0; ow < inside.begin; ++ow) src_row[ow] = 0.f;
-              for (std::int64_t ow = inside.end; ow < ow_n; ++ow) src_row[ow] = 0.f;
+          if (oh_end <= oh_begin || inside.end <= inside.begin) continue;  // all padding
+          for (std::int64_t b = 0; b < samples; ++b) {
+            const float* src = row + b * positions;
+            float* dst = out + (b * g.channels + c) * plane;
+            if (masks) {
+              const std::int64_t shift = (i - g.pad) * g.width + (j - g.pad);
+              const std::int64_t first = oh_begin * ow_n + inside.begin;
+              const std::int64_t last = (oh_end - 1) * ow_n + inside.end;
+              const std::uint32_t* mask = masks + j * positions;
+              for (std::int64_t e = first; e < last; ++e)
+                dst[e + shift] += masked(src[e], mask[e]);
+              continue;
             }
-            const std::int64_t shift = (i - g.pad) * g.width + (j - g.pad);
-            const std::int64_t first = oh_begin * ow_n + inside.begin;
-            const std::int64_t last = (oh_end - 1) * ow_n + inside.end;
-            for (std::int64_t e = first; e < last; ++e) dst[e + shift] += src[e];
-            continue;
-          }
-          for (std::int64_t oh = oh_begin; oh < oh_end; ++oh) {
-            float* dst_row = dst + (oh * g.stride - g.pad + i) * g.width;
-            const std::int64_t shift = j - g.pad;
-            const float* src_row = src + oh * ow_n;
-            if (g.stride == 1)
-              for (std::int64_t ow = inside.begin; ow < inside.end; ++ow)
-                dst_row[ow + shift] += src_row[ow];
-            else
-              for (std::int64_t ow = inside.begin; ow < inside.end; ++ow)
-                dst_row[ow * g.stride + shift] += src_row[ow];
+            for (std::int64_t oh = oh_begin; oh < oh_end; ++oh) {
+              float* dst_row = dst + (oh * g.stride - g.pad + i) * g.width;
+              const std::int64_t shift = j - g.pad;
+              const float* src_row = src + oh * ow_n;
+              if (g.stride == 1)
+                for (std::int64_t ow = inside.begin; ow < inside.end; ++ow)
+                  dst_row[ow + shift] += src_row[ow];
+              else
+                for (std::int64_t ow = inside.begin; ow < inside.end; ++ow)
+                  dst_row[ow * g.stride + shift] += src_row[ow];
+            }
           }
         }
     }
   });
 }
 
-void channel_rows_to_samples(const Tensor& rows, const Tensor& bias, Tensor& samples) {
+void channel_rows_to_samples(const Tensor& rows, const Tensor& bias, Tensor& samples, bool relu) {
   static const std::string label = "kernels::channel_rows_to_samples";
   constexpr const char* op = "kernels::channel_rows_to_samples";
   detail::require_host_f32(op, "rows must be f32 [C, B*P] on the host", rows);
@@ -196,12 +227,19 @@ void channel_rows_to_samples(const Tensor& rows, const Tensor& bias, Tensor& sam
       const float* src = in + c * row_length + s * positions;
       float* dst = out + task * positions;
       const float shift = b[c];
+      if (relu) {
+        for (std::int64_t p = 0; p < positions; ++p) {
+          const float v = src[p] + shift;
+          dst[p] = v < 0.f ? 0.f : v;
+        }
+        continue;
+      }
       for (std::int64_t p = 0; p < positions; ++p) dst[p] = src[p] + shift;
     }
   });
 }
 
-void samples_to_channel_rows(const Tensor& samples, Tensor& rows) {
+void samples_to_channel_rows(const Tensor& samples, Tensor& rows, const Tensor* relu_output) {
   static const std::string label = "kernels::samples_to_channel_rows";
   constexpr const char* op = "kernels::samples_to_channel_rows";
   detail::require_host_f32(op, "samples must be f32 [B, C, P] on the host", samples);
@@ -213,14 +251,44 @@ void samples_to_channel_rows(const Tensor& samples, Tensor& rows) {
   const std::int64_t count = samples.dim(0), positions = row_length / std::max<std::int64_t>(1, count);
   detail::require_pair(count * positions == row_length, op,
                        "samples' first dimension must divide the rows' length", samples, rows);
+  const DType relu_dtype = relu_output ? relu_output->dtype() : DType::f32;
+  if (relu_output)
+    detail::require_pair(
+        relu_output->defined() && relu_output->device() == Device::cpu &&
+            (relu_dtype == DType::f32 || relu_dtype == DType::f16 || relu_dtype == DType::bf16) &&
+            relu_output->numel() == samples.numel(),
+        op, "relu_output must be f32, f16 or bf16 on the host, shaped like samples", samples,
+        *relu_output);
   const float* in = samples.data<float>();
+  const float* mask =
+      relu_output && relu_dtype == DType::f32 ? relu_output->data<float>() : nullptr;
+  // 16-bit outputs are tested on their bits, not widened: y > 0 exactly when the bits lie in
+  // [1, inf]: positive, non-zero, not NaN (as kernels::relu_backward).
+  const auto* mask16 = relu_output && relu_dtype != DType::f32
+                           ? static_cast<const std::uint16_t*>(relu_output->raw())
+                           : nullptr;
+  const std::uint16_t inf = relu_dtype == DType::f16 ? 0x7c00u : 0x7f80u;
   float* out = rows.data<float>();
   parallel_rows(label, count * channels, positions, [=](std::int64_t begin, std::int64_t end) {
     for (std::int64_t task = begin; task < end; ++task) {
       const std::int64_t s = task / channels, c = task % channels;
       const float* src = in + task * positions;
       float* dst = out + c * row_length + s * positions;
-      for (std::int64_t p = 0; p < positions; ++p) dst[p] = src[p];
+      if (mask) {
+        const float* y = mask + task * positions;
+        for (std::int64_t p = 0; p < positions; ++p) {
+          const float g = src[p];  // loaded unconditionally, so the select becomes a blend
+          dst[p] = y[p] > 0.f ? g : 0.f;
+        }
+      } else if (mask16) {
+        const std::uint16_t* y = mask16 + task * positions;
+        for (std::int64_t p = 0; p < positions; ++p) {
+          const float g = src[p];
+          dst[p] = static_cast<std::uint16_t>(y[p] - 1u) < inf ? g : 0.f;
+        }
+      } else {
+        for (std::int64_t p = 0; p < positions; ++p) dst[p] = src[p];
+      }
     }
   });
 }

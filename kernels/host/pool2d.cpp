@@ -3,7 +3,9 @@
 #include "kernels/pool2d.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/host/parallel.hpp"
 
@@ -29,6 +31,21 @@ std::int64_t check_planes(const char* op, const Tensor& x, const Pool2dGeometry&
           y.numel() == x.numel() / in_plane * out_plane,
       op, "tensors must hold the same number of whole input and output planes", x, y);
   return x.numel() / in_plane;
+}
+
+// Takes V as the running maximum (and TAP as where it came from) when V is larger, or V is a
+// NaN and no NaN came before: the forward's choice, so the same input gets the gradient.
+// Bitwise, not short-circuit, so the loops that call it have no branch and vectorise.
+inline void take_larger(float v, std::uint32_t tap, float& best, std::uint32_t& best_tap) {
+  const bool take = (v > best) | ((v != v) & (best == best));
+  best = take ? v : best;
+  best_tap = take ? tap : best_tap;
+}
+
+// The gradient's bits where TAP won, else +0.
+inline float routed(float grad, std::uint32_t best_tap, std::uint32_t tap) {
+  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(grad) &
+                              (0u - static_cast<std::uint32_t>(best_tap == tap)));
 }
 
 }  // namespace
@@ -82,6 +99,7 @@ void max_pool2d_backward(const Tensor& x, const Pool2dGeometry& g, const Tensor&
     constexpr std::int64_t kStretch = 256;
     float best_value[kStretch];
     std::int64_t best_at[kStretch];
+    std::uint32_t best_tap[kStretch];  // disjoint windows: the winning tap, i * kernel_w + j
     for (std::int64_t p = begin; p < end; ++p) {
       const float* src = in + p * plane;
       float* dst = grad_in + p * plane;
@@ -92,26 +110,40 @@ void max_pool2d_backward(const Tensor& x, const Pool2dGeometry& g, const Tensor&
         for (std::int64_t h = 0; h < oh_n * g.kernel_h; ++h)
           for (std::int64_t w = ow_n * g.kernel_w; w < g.width; ++w) dst[h * g.width + w] = 0.f;
         for (std::int64_t e = oh_n * g.kernel_h * g.width; e < plane; ++e) dst[e] = 0.f;
+        // A stretch of an output row at a time, as in the forward: the running maximum and the
+        // tap it came from, tap by tap over the outputs (branch-free, vectorised), then each
+        // window row written as the gradient where its tap won and 0 elsewhere.
         for (std::int64_t oh = 0; oh < oh_n; ++oh)
-          for (std::int64_t ow = 0; ow < ow_n; ++ow) {
-            const std::int64_t corner = oh * g.stride * g.width + ow * g.stride;
-            std::int64_t best = corner;
-            float best_value_here = src[corner];
+          for (std::int64_t ow0 = 0; ow0 < ow_n; ow0 += kStretch) {
+            const std::int64_t n = std::min(kStretch, ow_n - ow0);
+            const float* top = src + oh * g.stride * g.width + ow0 * g.stride;
+            const float* share = grad + oh * ow_n + ow0;
+            for (std::int64_t o = 0; o < n; ++o) {
+              best_value[o] = top[o * g.stride];
+              best_tap[o] = 0;
+            }
             for (std::int64_t i = 0; i < g.kernel_h; ++i)
-              for (std::int64_t j = 0; j < g.kernel_w; ++j) {
-                const std::int64_t at = corner + i * g.width + j;
-                const float v = src[at];
-                const bool take =
-                    v > best_value_here || (v != v && best_value_here == best_value_here);
-                best = take ? at : best;
-                best_value_here = take ? v : best_value_here;
+              for (std::int64_t j = i == 0 ? 1 : 0; j < g.kernel_w; ++j) {
+                const float* tap = top + i * g.width + j;
+                const auto tap_index = static_cast<std::uint32_t>(i * g.kernel_w + j);
+                for (std::int64_t o = 0; o < n; ++o)
+                  take_larger(tap[o * g.stride], tap_index, best_value[o], best_tap[o]);
               }
-            const float share = grad[oh * ow_n + ow];
-            for (std::int64_t i = 0; i < g.kernel_h; ++i)
-              for (std::int64_t j = 0; j < g.kernel_w; ++j) {
-                const std::int64_t at = corner + i * g.width + j;
-                dst[at] = at == best ? share : 0.f;
+            for (std::int64_t i = 0; i < g.kernel_h; ++i) {
+              float* row = dst + (oh * g.stride + i) * g.width + ow0 * g.stride;
+              const auto first_tap = static_cast<std::uint32_t>(i * g.kernel_w);
+              if (g.kernel_w == 2) {  // maxpool:2: two stores per window, interleaved by GCC
+                for (std::int64_t o = 0; o < n; ++o) {
+                  row[2 * o] = routed(share[o], best_tap[o], first_tap);
+                  row[2 * o + 1] = routed(share[o], best_tap[o], first_tap + 1);
+                }
+                continue;
               }
+              for (std::int64_t o = 0; o < n; ++o)
+                for (std::int64_t j = 0; j < g.kernel_w; ++j)
+                  row[o * g.stride + j] =
+                      routed(share[o], best_tap[o], first_tap + static_cast<std::uint32_t>(j));
+            }
           }
         continue;
       }

@@ -100,12 +100,13 @@ void Conv2d::forward(const Tensor& x, Tensor& y, bool) {
     // rows[C_out, B*P] = W[C_out, C_in*K*K] · col[C_in*K*K, B*P], then y[b] = rows[:, b] + bias.
     kernels::matmul(weight_2d_, false, col_block_, false, rows_block_);
     kernels::channel_rows_to_samples(rows_block_, param_value(kBias),
-                                     staging_.write_run(y, first, count, out, kOutSlot));
+                                     staging_.write_run(y, first, count, out, kOutSlot),
+                                     fused_relu_);
     staging_.commit(kOutSlot);
   }
 }
 
-void Conv2d::backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) {
+void Conv2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) {
   const std::int64_t in = geometry_.channels * geometry_.height * geometry_.width;
   const std::int64_t positions = geometry_.col_columns();
   const std::int64_t out = out_channels_ * positions;
@@ -121,8 +122,11 @@ void Conv2d::backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* 
     Tensor::view_into(col_block_, col_, 0, {geometry_.col_rows(), count * positions});
     Tensor::view_into(rows_block_, rows_, 0, {out_channels_, count * positions});
     kernels::im2col(staging_.read_run(x, first, count, in, kInSlot), geometry_, col_block_);
+    // With the ReLU fused, dy is the ReLU's output gradient: masked by y (read in its storage
+    // dtype, not widened) on the way.
+    if (fused_relu_) Tensor::view_into(output_run_, y, first * out, {count, out});
     kernels::samples_to_channel_rows(staging_.read_run(dy, first, count, out, kDoutSlot),
-                                     rows_block_);
+                                     rows_block_, fused_relu_ ? &output_run_ : nullptr);
     // dW += dy[C_out, B*P] · colᵀ; db += row sums of dy.
     kernels::matmul(rows_block_, false, col_block_, true, weight_grad_2d_, first_block ? 0.f : 1.f);
     kernels::channel_bias_backward(rows_block_, db, /*accumulate=*/!first_block);

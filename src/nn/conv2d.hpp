@@ -25,6 +25,12 @@ class Conv2d final : public Layer {
   void plan(std::int64_t max_batch, DType precision) override;
   std::int64_t scratch_bytes() const override;
 
+  // The ReLU after the conv goes into the pass that adds the bias (forward) and into the
+  // pass that reorders dy (backward, masked by the output).
+  bool fuse_following_relu() override {
+    fused_relu_ = true;
+    return true;
+  }
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
 
@@ -37,12 +43,13 @@ class Conv2d final : public Layer {
   kernels::Conv2dGeometry geometry_;
   std::int64_t out_channels_;
   std::int64_t requested_block_ = 0, block_ = 0;
+  bool fused_relu_ = false;
   Tensor col_;   // f32 [C_in*K*K, block*OH*OW]: a block's windows, later their gradients
   Tensor rows_;  // f32 [C_out, block*OH*OW]: the block's output, or its dy, channel-major
   Tensor weight_grad_, bias_grad_;  // f32 sums over the batch when the gradients are 16-bit
   SampleStaging staging_;
   // Views re-pointed per block.
-  Tensor weight_2d_, weight_grad_2d_, col_block_, rows_block_;
+  Tensor weight_2d_, weight_grad_2d_, col_block_, rows_block_, output_run_;
 };
 
 }  // namespace mpt::nn

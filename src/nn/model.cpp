@@ -166,6 +166,13 @@ Model Model::build(const std::string& name_or_spec, const Shape& sample_shape, i
     model.output_shapes_.push_back(shape);
     model.layers_.push_back(std::move(layer));
   }
+  // A ReLU right after a layer that can apply it in its own passes (conv) folds into that
+  // layer: one pass over the activations fewer each way, and the ReLU's buffers become views
+  // of the layer's (docs/perf.md). The values are the same (under 16-bit storage a -0 may come
+  // out as +0).
+  for (std::size_t i = 1; i + 1 < model.layers_.size(); ++i)
+    if (auto* relu = dynamic_cast<ReluLayer*>(model.layers_[i].get()))
+      if (model.layers_[i - 1]->fuse_following_relu()) relu->fold_into_previous();
 
   // One allocation for all parameters and one for all gradients, densely packed in layer order
   // (weight, then bias), so the all-reduce and the optimizer each see one buffer. Under 16-bit

@@ -119,6 +119,10 @@ class Layer {
   // True when the output is the input under another shape (flatten): the model then makes the
   // output and its gradient views of the input's buffers.
   virtual bool output_aliases_input() const { return false; }
+  // Asks the layer to apply the ReLU that follows it in its own output pass, and that ReLU's
+  // backward in its pass over the output gradient; true if it will (conv). The model then
+  // folds the ReLU away (ReluLayer::fold_into_previous). Called once, before plan().
+  virtual bool fuse_following_relu() { return false; }
 
   // Hands the layer its views, in param_specs() order; called once by the model.
   void bind_params(std::vector<Tensor> values, std::vector<Tensor> grads);

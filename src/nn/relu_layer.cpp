@@ -11,6 +11,7 @@ double ReluLayer::flops_per_sample(const Shape& input_shape) const {
 }
 
 void ReluLayer::forward(const Tensor& x, Tensor& y, bool) {
+  if (folded_) return;  // the layer before applied it; y is x's buffer
   if (x.dtype() == y.dtype()) return kernels::relu_forward(x, y);
   // First layer of a 16-bit model: the input batch is f32. Rounding commutes with relu (both
   // keep the sign and map 0 to 0), so round into y, then relu in place.
@@ -19,8 +20,9 @@ void ReluLayer::forward(const Tensor& x, Tensor& y, bool) {
 }
 
 void ReluLayer::backward(const Tensor&, const Tensor& y, const Tensor& dy, Tensor* dx) {
-  // The mask comes from the output: y > 0 exactly where x > 0.
-  if (dx) kernels::relu_backward(y, dy, *dx);
+  // The mask comes from the output: y > 0 exactly where x > 0. Folded: dx is dy's buffer, and
+  // the layer before masks it.
+  if (dx && !folded_) kernels::relu_backward(y, dy, *dx);
 }
 
 }  // namespace mpt::nn

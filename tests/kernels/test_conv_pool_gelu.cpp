@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/conv2d.hpp"
 #include "kernels/gelu.hpp"
@@ -150,6 +151,44 @@ TEST(Pool2d, KnownPlaneAndNaN) {
   max_pool2d_forward(x, g, y);
   EXPECT_TRUE(std::isnan(y.data<float>()[0]));
   EXPECT_EQ(y.data<float>()[1], 8.f);
+}
+
+// Max pooling's backward against a plain loop over windows: the first maximum in scan order
+// takes the gradient (values rounded to a few levels, so windows hold ties), a NaN wins unless
+// one came before, and what no window covers gets 0. Disjoint 2x2 (the vectorised maxpool:2
+// path, planes wider than one stretch of outputs), disjoint 3x3, and overlapping 3x3 stride 2.
+TEST(Pool2d, MaxBackwardMatchesReferenceWithTiesAndNaN) {
+  for (const Pool2dGeometry g : {Pool2dGeometry{9, 600, 2, 2, 2}, Pool2dGeometry{8, 11, 3, 3, 3},
+                                 Pool2dGeometry{9, 11, 3, 3, 2}}) {
+    const std::int64_t planes = 3, plane = g.height * g.width;
+    const std::int64_t oh_n = g.out_height(), ow_n = g.out_width();
+    Tensor x = test::random_tensor({planes, g.height, g.width}, 11, 0.f, 4.f);
+    for (std::int64_t e = 0; e < x.numel(); ++e)
+      x.data<float>()[e] = std::floor(x.data<float>()[e]);
+    x.data<float>()[5] = x.data<float>()[g.width + 4] = std::numeric_limits<float>::quiet_NaN();
+    const Tensor dy = test::random_tensor({planes, oh_n, ow_n}, 12);
+    Tensor dx({planes, g.height, g.width}, DType::f32);
+    for (std::int64_t e = 0; e < dx.numel(); ++e) dx.data<float>()[e] = 7.f;  // overwritten
+    max_pool2d_backward(x, g, dy, dx);
+    std::vector<float> expected(static_cast<std::size_t>(x.numel()), 0.f);
+    for (std::int64_t p = 0; p < planes; ++p)
+      for (std::int64_t oh = 0; oh < oh_n; ++oh)
+        for (std::int64_t ow = 0; ow < ow_n; ++ow) {
+          std::int64_t best = -1;
+          for (std::int64_t i = 0; i < g.kernel_h; ++i)
+            for (std::int64_t j = 0; j < g.kernel_w; ++j) {
+              const std::int64_t at = p * plane + (oh * g.stride + i) * g.width + ow * g.stride + j;
+              const float v = x.data<float>()[at];
+              if (best < 0 || (!std::isnan(x.data<float>()[best]) &&
+                               (std::isnan(v) || v > x.data<float>()[best])))
+                best = at;
+            }
+          expected[static_cast<std::size_t>(best)] += dy.data<float>()[(p * oh_n + oh) * ow_n + ow];
+        }
+    for (std::int64_t e = 0; e < dx.numel(); ++e)
+      ASSERT_EQ(dx.data<float>()[e], expected[static_cast<std::size_t>(e)])
+          << "element " << e << ", window " << g.kernel_h << " stride " << g.stride;
+  }
 }
 
 TEST(Gelu, ErfFormAgainstFloat64) {

@@ -13,6 +13,8 @@
 #include "core/error.hpp"
 #include "core/half.hpp"
 #include "core/random.hpp"
+#include "kernels/cast.hpp"
+#include "kernels/relu.hpp"
 #include "kernels/softmax_xent.hpp"
 #include "nn/conv2d.hpp"
 #include "nn/gelu_layer.hpp"
@@ -390,6 +392,79 @@ TEST(Conv2dLayer, SixteenBitStorageInShortBlocksMatchesF32) {
     for (std::size_t i = 0; i < got.size(); ++i)
       ASSERT_NEAR(got[i], want[i], 2 * u * std::max(1.0, std::fabs(want[i]))) << i;
   }
+}
+
+class FusedRelu : public testing::TestWithParam<DType> {};
+
+// A ReLU folded into the conv before it (as Model::build does for conv,relu) against the conv
+// and the relu kernels apart, in one storage dtype, batch 5 in blocks of 2: the same output,
+// dW, db and dx (equal values; under 16-bit storage a -0 may come out as +0).
+TEST_P(FusedRelu, MatchesConvThenRelu) {
+  const DType dtype = GetParam();
+  const Shape in_shape{3, 7, 6};
+  const std::int64_t batch = 5;
+  Conv2d plain("conv0", in_shape, 4, 3, 1, 1), fused("conv0", in_shape, 4, 3, 1, 1);
+  ASSERT_TRUE(fused.fuse_following_relu());
+  std::int64_t total = 0;
+  for (const auto& spec : plain.param_specs()) total += shape_numel(spec.shape);
+  Tensor values({total}, DType::f32), grads_plain({total}, dtype), grads_fused({total}, dtype);
+  fill_uniform(values, 40, -0.5f, 0.5f);
+  for (auto [layer, grads] :
+       {std::pair<Conv2d*, Tensor*>{&plain, &grads_plain}, {&fused, &grads_fused}}) {
+    std::vector<Tensor> v, g;
+    std::int64_t offset = 0;
+    for (const auto& spec : layer->param_specs()) {
+      v.push_back(Tensor::view(values, offset, spec.shape));
+      g.push_back(Tensor::view(*grads, offset, spec.shape));
+      offset += shape_numel(spec.shape);
+    }
+    layer->bind_params(std::move(v), std::move(g));
+    layer->set_block_samples(2);
+    layer->plan(batch, dtype);
+  }
+  const Shape x_shape{batch, 3, 7, 6}, y_shape{batch, 4, 7, 6};
+  Tensor x32(x_shape, DType::f32), dz32(y_shape, DType::f32);
+  fill_uniform(x32, 41, -1.f, 1.f);
+  fill_uniform(dz32, 42, -1.f, 1.f);
+  Tensor x(x_shape, dtype), dz(y_shape, dtype);
+  kernels::cast(x32, x);
+  kernels::cast(dz32, dz);
+  // Apart: y = conv(x), z = relu(y); dy = relu'(z) dz, then conv's backward from dy.
+  Tensor y(y_shape, dtype), z(y_shape, dtype), dy(y_shape, dtype), dx_plain(x_shape, dtype);
+  plain.forward(x, y, true);
+  kernels::relu_forward(y, z);
+  kernels::relu_backward(z, dz, dy);
+  plain.backward(x, y, dy, &dx_plain);
+  // Fused: z straight from the conv, and its backward takes dz.
+  Tensor z_fused(y_shape, dtype), dx_fused(x_shape, dtype);
+  fused.forward(x, z_fused, true);
+  fused.backward(x, z_fused, dz, &dx_fused);
+  const auto z_values = values_of(z);
+  EXPECT_GT(std::count(z_values.begin(), z_values.end(), 0.0), 20);  // the ReLU cut some
+  EXPECT_LT(std::count(z_values.begin(), z_values.end(), 0.0),
+            static_cast<long>(z_values.size()) - 20);
+  for (auto [got, want] : {std::pair<const Tensor*, const Tensor*>{&z_fused, &z},
+                           {&dx_fused, &dx_plain},
+                           {&grads_fused, &grads_plain}}) {
+    const auto got_values = values_of(*got);
+    const auto want_values = values_of(*want);
+    ASSERT_EQ(got_values.size(), want_values.size());
+    for (std::size_t i = 0; i < got_values.size(); ++i)
+      ASSERT_EQ(got_values[i], want_values[i]) << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, FusedRelu, testing::Values(DType::f32, DType::f16, DType::bf16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(ConvModel, ReluAfterConvIsFoldedIntoIt) {
+  // conv,relu folds (the relu's output is the conv's buffer); dense,relu does not.
+  const Model model =
+      Model::build("conv:4:3:pad=1,relu,maxpool:2,flatten,dense:8,relu,dense:3", {1, 8, 8}, 3);
+  const auto& layers = model.layers();
+  ASSERT_EQ(layers.size(), 7u);
+  EXPECT_TRUE(layers[1]->output_aliases_input());
+  EXPECT_FALSE(layers[5]->output_aliases_input());
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, ConvMixedPrecision, testing::Values(DType::f16, DType::bf16),
