@@ -63,7 +63,10 @@ Position from_wire(const Wire& w) { return {w[0], w[1], w[2], w[3], w[4], w[5]};
 
 std::string describe_collective(const Position& p) {
   std::string text = collective_name(static_cast<Collective>(p.collective));
-  if (p.index >= 0) text += " " + std::to_string(p.index);
+  if (p.index >= 0) {  // appended piecewise: `" " + std::to_string` trips GCC 12's -Wrestrict
+    text += ' ';
+    text += std::to_string(p.index);
+  }
   return text;
 }
 

@@ -47,8 +47,10 @@ std::string render_progress(const ProgressView& view, int width) {
   if (room >= 10) {
     const int cells = std::min(room, 30);
     const int full = static_cast<int>(fraction * cells);
-    line += "[" + std::string(static_cast<std::size_t>(full), '#') +
-            std::string(static_cast<std::size_t>(cells - full), '.') + "]";
+    line += '[';
+    line.append(static_cast<std::size_t>(full), '#');
+    line.append(static_cast<std::size_t>(cells - full), '.');
+    line += ']';
   }
   line += tail;
   if (static_cast<int>(line.size()) > width)
