@@ -155,6 +155,11 @@ TEST(Hdf5, ProbePassesIntactFilesAndReportsADamagedHeader) {
   EXPECT_EQ(hdf5_probe_file(path), std::nullopt);
   hdf5_set_probe_isolation(true);
   EXPECT_EQ(hdf5_probe_file(dir.file("missing.h5")), std::nullopt);  // the caller's open says why
+  ASSERT_EQ(setenv("MPTRAIN_HDF5_PROBE_TIMEOUT", "soon", 1), 0);
+  const std::string text = test::user_error_text([&] { hdf5_probe_file(path); });
+  unsetenv("MPTRAIN_HDF5_PROBE_TIMEOUT");
+  EXPECT_NE(text.find("MPTRAIN_HDF5_PROBE_TIMEOUT='soon' is not a positive number"),
+            std::string::npos) << text;
 
   // Change one byte of the attribute's value, which lives in the dataset's object header (a
   // fixed-length string): the header's checksum fails.
