@@ -361,7 +361,7 @@ for key in order:
           f"| {ratio:.2f} | {rate:.1f} | {share} |")
 print()
 print("mptrain GFLOP/s per core = 3 \u00d7 forward FLOPs per sample (`--model.print`: "
-      + ", ".join(f"{m} {flops[m] / 1e6:.1f} M" for m in flops)
+      + ", ".join(f"{m} {flops[m] / 1e6:.4g} M" for m in flops)
       + ") \u00d7 samples/s / cores in use (ranks \u00d7 threads, at most the machine's).")
 if gemm:
     print()
