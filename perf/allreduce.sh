@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # All-reduce bandwidth: `mptrain bench allreduce` (nccl-tests style) for flat-mpi (Open MPI's
-# MPI_Allreduce), hierarchical-shm and hierarchical-mpi on 2 and 4 ranks, as one node and as
-# emulated nodes (--ranks-per-node), then the Markdown tables of docs/perf.md: busbw per size, the
-# ratio hierarchical-shm / flat-mpi, and each busbw as a share of the same run's memcpy bandwidth.
-# A second table sets hierarchical-shm on emulated nodes against one node in the same run
-# (`-a hierarchical-shm,hierarchical-shm@K`: interleaved rounds, so the ratio is side by side).
+# MPI_Allreduce), hierarchical-shm (staged through the window), hierarchical-shm-reg (the data in
+# a registered shared buffer, as the trainer's gradients are) and hierarchical-mpi on 2 and 4
+# ranks, as one node and as emulated nodes (--ranks-per-node), then the Markdown tables of
+# docs/perf.md: busbw per size, the ratios to flat-mpi, and the registered path's busbw as a
+# share of the same run's memcpy bandwidth. A second table sets each shm path on emulated nodes
+# against one node in the same run (`-a hierarchical-shm,hierarchical-shm@K,...`: interleaved
+# rounds, so the ratio is side by side).
 set -euo pipefail
 
 usage() {
@@ -60,7 +62,9 @@ for config in $configs; do
   over=()
   [[ $ranks -le $(nproc) ]] || over=(--oversubscribe)
   mpiexec -n "$ranks" "${over[@]}" "$bin" bench allreduce -b "$min_bytes" -e "$max_bytes" -f 2 \
-    -t "$row_seconds" -K "$per_node" --json "$out/n${ranks}_k${per_node}.json" >&2
+    -t "$row_seconds" -K "$per_node" \
+    -a flat-mpi,hierarchical-shm,hierarchical-shm-reg,hierarchical-mpi \
+    --json "$out/n${ranks}_k${per_node}.json" >&2
 done
 
 for pair in $emulated; do
@@ -70,7 +74,8 @@ for pair in $emulated; do
   over=()
   [[ $ranks -le $(nproc) ]] || over=(--oversubscribe)
   mpiexec -n "$ranks" "${over[@]}" "$bin" bench allreduce -b "$min_bytes" -e "$max_bytes" -f 2 \
-    -t "$row_seconds" -K 0 -a "hierarchical-shm,hierarchical-shm@$per_node" \
+    -t "$row_seconds" -K 0 \
+    -a "hierarchical-shm,hierarchical-shm@$per_node,hierarchical-shm-reg,hierarchical-shm-reg@$per_node" \
     --json "$out/e${ranks}_k${per_node}.json" >&2
 done
 
@@ -86,8 +91,8 @@ runs = {}
 for config in configs:
     ranks, per_node = config.split(":")
     runs[config] = json.load(open(f"{out}/n{ranks}_k{per_node}.json"))
-print("| ranks | nodes | size | flat-mpi busbw GB/s | hierarchical-mpi | hierarchical-shm | shm / flat-mpi | shm / memcpy |")
-print("|---|---|---|---|---|---|---|---|")
+print("| ranks | nodes | size | flat-mpi busbw GB/s | hierarchical-mpi | hierarchical-shm | hierarchical-shm-reg | shm / flat-mpi | reg / flat-mpi | reg / shm | reg / memcpy |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 worst = {}
 for config, run in runs.items():
     by = {}
@@ -96,36 +101,42 @@ for config, run in runs.items():
     memcpy = run["memcpy_gbps_alone"]
     for size in sorted(by):
         row = by[size]
-        flat, shm, mpi = (row.get(a, {}).get("busbw", float("nan")) for a in ("flat-mpi", "hierarchical-shm", "hierarchical-mpi"))
+        flat, shm, reg, mpi = (row.get(a, {}).get("busbw", float("nan")) for a in
+                               ("flat-mpi", "hierarchical-shm", "hierarchical-shm-reg", "hierarchical-mpi"))
         if size >= 1 << 20 and flat > 0:
-            worst[config] = min(worst.get(config, 1e9), shm / flat)
+            low = worst.get(config, (1e9, 1e9))
+            worst[config] = (min(low[0], shm / flat), min(low[1], reg / flat))
         if size < 1 << 20 and size != 4096 and size != 65536:
             continue
-        ratio = shm / flat if flat > 0 else float("nan")
-        print(f"| {run['ranks']} | {run['nodes']} | {human(size)} | {flat:.2f} | {mpi:.2f} | {shm:.2f} | {ratio:.2f}x | {100 * shm / memcpy:.0f} % |")
+        ratio = lambda a, b: f"{a / b:.2f}x" if b > 0 else "-"
+        print(f"| {run['ranks']} | {run['nodes']} | {human(size)} | {flat:.2f} | {mpi:.2f} | {shm:.2f} | {reg:.2f} "
+              f"| {ratio(shm, flat)} | {ratio(reg, flat)} | {ratio(reg, shm)} | {100 * reg / memcpy:.0f} % |")
 print()
 for config, run in runs.items():
     wrong = sum(r["wrong"] for r in run["rows"])
     print(f"- {run['ranks']} ranks, {run['nodes']} node(s): memcpy {run['memcpy_gbps_alone']:.2f} GB/s alone, "
-          f"{run['memcpy_gbps_all_ranks']:.2f} GB/s per rank all at once; smallest shm/flat-mpi at >= 1 MiB: "
-          f"{worst.get(config, float('nan')):.2f}x; wrong elements: {wrong}")
+          f"{run['memcpy_gbps_all_ranks']:.2f} GB/s per rank all at once; smallest shm/flat-mpi and "
+          f"reg/flat-mpi at >= 1 MiB: {worst.get(config, (float('nan'),) * 2)[0]:.2f}x, "
+          f"{worst.get(config, (float('nan'),) * 2)[1]:.2f}x; wrong elements: {wrong}")
 if emulated:
     print()
-    print("| ranks | nodes | size | one node: hierarchical-shm busbw GB/s | emulated nodes | emulated / one node |")
-    print("|---|---|---|---|---|---|")
+    print("| ranks | nodes | size | algorithm | one node busbw GB/s | emulated nodes | emulated / one node |")
+    print("|---|---|---|---|---|---|---|")
     for pair in emulated:
         ranks, per_node = pair.split(":")
         run = json.load(open(f"{out}/e{ranks}_k{per_node}.json"))
         by = {}
         for row in run["rows"]:
             by.setdefault(row["size"], {})[row["algo"]] = row["busbw"]
-        ratios = []
-        for size in sorted(by):
-            one, emu = by[size].get("hierarchical-shm", float("nan")), by[size].get(f"hierarchical-shm@{per_node}", float("nan"))
-            if size < 1 << 20:
-                continue
-            ratios.append(emu / one)
-            nodes = -(-int(ranks) // int(per_node))
-            print(f"| {ranks} | {nodes} of {per_node} | {human(size)} | {one:.2f} | {emu:.2f} | {emu / one:.2f}x |")
-        print(f"| {ranks} | | 1 MiB and up | | | {min(ratios):.2f}-{max(ratios):.2f}x, median {sorted(ratios)[len(ratios) // 2]:.2f}x |")
+        nodes = -(-int(ranks) // int(per_node))
+        for algo in ("hierarchical-shm", "hierarchical-shm-reg"):
+            ratios = []
+            for size in sorted(by):
+                one, emu = by[size].get(algo, float("nan")), by[size].get(f"{algo}@{per_node}", float("nan"))
+                if size < 1 << 20:
+                    continue
+                ratios.append(emu / one)
+                print(f"| {ranks} | {nodes} of {per_node} | {human(size)} | {algo} | {one:.2f} | {emu:.2f} | {emu / one:.2f}x |")
+            print(f"| {ranks} | | 1 MiB and up | {algo} | | | {min(ratios):.2f}-{max(ratios):.2f}x, "
+                  f"median {sorted(ratios)[len(ratios) // 2]:.2f}x |")
 PY

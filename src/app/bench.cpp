@@ -89,7 +89,7 @@ comm::AllreduceConfig config_for(const std::string& algo, DType dtype,
   config.shm_segment_bytes = command.shm_segment_bytes;
   config.rail_batch_bytes = command.rail_batch_bytes;
   config.algorithm = algo == "flat-mpi" ? comm::Algorithm::flat_mpi : comm::Algorithm::hierarchical;
-  config.intra = algo == "hierarchical-mpi" ? comm::IntraBackend::mpi : comm::IntraBackend::shm;
+  config.intra = algo == "hierarchical-mpi" ? comm::IntraBackend::mpi : comm::IntraBackend::shm;  // shm, shm-reg
   config.wire = dtype;
   return config;
 }
@@ -136,6 +136,32 @@ int run_bench(const BenchCommand& command, const comm::World& world) {
   }
   const std::int64_t max_count = command.max_bytes / element_size;
   Tensor buffer({std::max<std::int64_t>(max_count, 1)}, dtype);
+  // hierarchical-shm-reg: the data lies in a buffer in the node's shared window, registered with
+  // the algorithm's Allreducers, so the sums read the peers' data where it is (as nccl-tests -R
+  // measures NCCL's registered user buffers). One per such entry, over its topology.
+  std::vector<std::shared_ptr<comm::SharedBuffer>> shared(command.algos.size());
+  const auto registered = [&](std::size_t a) {
+    return command.algos[a].substr(0, command.algos[a].find('@')) == "hierarchical-shm-reg";
+  };
+  const std::size_t buffer_bytes = std::max<std::size_t>(buffer.size_bytes(), 64);
+  world.run_agreed([&] {
+    for (std::size_t a = 0; a < command.algos.size(); ++a) {
+      std::string why;
+      MPT_REQUIRE(!registered(a) || comm::SharedBuffer::fits(
+                                        *topologies.at(command.algo_ranks_per_node[a]),
+                                        buffer_bytes, &why),
+                  "--algos (-a) " + command.algos[a] + ": no room for a " +
+                      std::to_string(buffer_bytes >> 20) + " MiB buffer per rank: " + why,
+                  "lower --max-bytes (-e), or drop hierarchical-shm-reg");
+    }
+  });
+  for (std::size_t a = 0; a < command.algos.size(); ++a)
+    if (registered(a))
+      shared[a] = std::make_shared<comm::SharedBuffer>(
+          *topologies.at(command.algo_ranks_per_node[a]), buffer_bytes);
+  const auto data_of = [&](std::size_t a) -> void* {
+    return shared[a] ? static_cast<void*>(shared[a]->data()) : buffer.raw();
+  };
 
   if (root) {
     std::printf("# mptrain bench allreduce: %d rank(s), %d node(s) (ranks per node %s), dtype %s, "
@@ -164,6 +190,10 @@ int run_bench(const BenchCommand& command, const comm::World& world) {
     timed.postscale = 1.0f / static_cast<float>(size);
     sums.push_back(std::make_unique<comm::Allreducer>(nodes, checked));
     averages.push_back(std::make_unique<comm::Allreducer>(nodes, timed));
+    if (shared[a]) {
+      sums.back()->register_buffer(shared[a]);
+      averages.back()->register_buffer(shared[a]);
+    }
   }
   const std::size_t num_algos = command.algos.size();
   const int rounds = command.rounds;
@@ -172,18 +202,19 @@ int run_bench(const BenchCommand& command, const comm::World& world) {
     std::vector<std::int64_t> wrong(num_algos, 0);
     std::vector<int> iters(num_algos, 1);
     for (std::size_t a = 0; a < num_algos; ++a) {
+      void* data = data_of(a);
       if (command.check) {
-        fill(buffer.raw(), count, dtype, topology.rank());
-        sums[a]->allreduce(buffer.raw(), count, dtype);
-        wrong[a] = count_wrong(buffer.raw(), count, dtype, size);
+        fill(data, count, dtype, topology.rank());
+        sums[a]->allreduce(data, count, dtype);
+        wrong[a] = count_wrong(data, count, dtype, size);
         MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong[a], 1, MPI_INT64_T, MPI_SUM, world.handle()));
       }
-      fill(buffer.raw(), count, dtype, topology.rank());
+      fill(data, count, dtype, topology.rank());
       // Warm-up, and an estimate of one iteration that every rank agrees on (the slowest's).
       double estimate = 0;
       for (int i = 0; i < std::max(1, command.warmup_iters); ++i) {
         const auto start = Clock::now();
-        averages[a]->allreduce(buffer.raw(), count, dtype);
+        averages[a]->allreduce(data, count, dtype);
         estimate = std::max(estimate, seconds_since(start));
       }
       estimate = world.max(estimate);
@@ -197,7 +228,7 @@ int run_bench(const BenchCommand& command, const comm::World& world) {
       for (std::size_t a = 0; a < num_algos; ++a) {
         world.barrier();
         const auto start = Clock::now();
-        for (int i = 0; i < iters[a]; ++i) averages[a]->allreduce(buffer.raw(), count, dtype);
+        for (int i = 0; i < iters[a]; ++i) averages[a]->allreduce(data_of(a), count, dtype);
         round_seconds[a].push_back(world.max(seconds_since(start) / iters[a]));
       }
     }

@@ -399,7 +399,9 @@ BenchCommand parse_bench_command(const std::vector<std::string>& args) {
       ("warmup-iters,w", po::value(&out.warmup_iters)->default_value(2), "untimed iterations per row")
       ("row-seconds,t", po::value(&out.row_seconds)->default_value(0.5, "0.5"),
        "time budget per row: fewer timed iterations (at least 1) where one is slow")
-      ("algos,a", po::value(&algos)->default_value(algos), "comma-separated: flat-mpi, hierarchical-shm, hierarchical-mpi")
+      ("algos,a", po::value(&algos)->default_value(algos),
+       "comma-separated: flat-mpi, hierarchical-shm, hierarchical-shm-reg (the data in a "
+       "registered shared buffer), hierarchical-mpi; ALGO@K: on nodes of K ranks")
       ("dtype,d", po::value(&out.dtype)->default_value("fp32"), "fp32 | fp16 | bf16 (data and wire)")
       ("ranks-per-node,K", po::value(&out.ranks_per_node)->default_value(0),
        "emulate nodes of K consecutive ranks (0: the shared-memory domains)")
@@ -441,10 +443,11 @@ BenchCommand parse_bench_command(const std::vector<std::string>& args) {
     // rounds as the others (one node against emulated nodes, side by side).
     const std::size_t at = entry.find('@');
     const std::string algo = entry.substr(0, at);
-    MPT_REQUIRE(algo == "flat-mpi" || algo == "hierarchical-shm" || algo == "hierarchical-mpi",
+    MPT_REQUIRE(algo == "flat-mpi" || algo == "hierarchical-shm" ||
+                    algo == "hierarchical-shm-reg" || algo == "hierarchical-mpi",
                 "--algos (-a) has unknown algorithm '" + algo + "'",
-                "use a comma-separated list of flat-mpi, hierarchical-shm, hierarchical-mpi, each "
-                "optionally with @K (nodes of K ranks)");
+                "use a comma-separated list of flat-mpi, hierarchical-shm, hierarchical-shm-reg, "
+                "hierarchical-mpi, each optionally with @K (nodes of K ranks)");
     int per_node = out.ranks_per_node;
     if (at != std::string::npos) {
       const std::string k = entry.substr(at + 1);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -139,6 +140,13 @@ struct Allreducer::Impl {
   void flat(void* data, std::int64_t count, DType dtype);
   void hierarchical_mpi(void* data, std::int64_t count, DType dtype);
   void hierarchical_shm(void* data, std::int64_t count, DType dtype);
+  // The shm backend on data in the registered buffer: each rank sums its region straight out of
+  // the peers' data (the same offset in their parts), and gathers the others from theirs.
+  void registered_shm(void* data, std::int64_t count, DType dtype);
+  bool can_read_peers(const void* data, std::int64_t count, DType dtype) const;
+  // Chunk and rail batch, in elements, for data of DTYPE: the same on every rank.
+  std::int64_t chunk_elements(DType dtype) const;
+  std::int64_t batch_elements(std::int64_t chunk) const;
 
   // The buffer that goes on the wire: DATA itself (scaled in place if prescale != 1) when the
   // dtypes agree, else the scratch with DATA converted and prescaled.
@@ -181,6 +189,7 @@ struct Allreducer::Impl {
   std::uint64_t barriers = 0;  // node barriers passed: the same count on every rank of the node
   std::int64_t half_bytes = 0;
   int half = 0;
+  std::shared_ptr<SharedBuffer> registered;  // the buffer whose peers' parts the sums read
 };
 
 Allreducer::Impl::Impl(const Topology& topology, const AllreduceConfig& config)
@@ -393,11 +402,8 @@ void Allreducer::Impl::hierarchical_shm(void* data, std::int64_t count, DType dt
   // A chunk fills half a segment on the wire, and as many bytes of data at most: the cache
   // footprint is what the segment size tunes. Every rank computes the same chunk (the data dtype
   // is the same everywhere), and the same rail batches, so the rail calls of all nodes match.
-  const std::int64_t chunk =
-      half_bytes / static_cast<std::int64_t>(std::max(wire_size, dtype_size(dtype)));
-  const std::int64_t batch_count =
-      chunk * std::max<std::int64_t>(
-                  1, config.rail_batch_bytes / static_cast<std::int64_t>(wire_size) / chunk);
+  const std::int64_t chunk = chunk_elements(dtype);
+  const std::int64_t batch_count = batch_elements(chunk);
   const int local_size = topology.local_size(), me = topology.local_rank();
   const int parts = topology.num_shards(), first = topology.first_shard();
   const std::size_t data_size = dtype_size(dtype);
@@ -476,6 +482,95 @@ void Allreducer::Impl::hierarchical_shm(void* data, std::int64_t count, DType dt
   }
 }
 
+std::int64_t Allreducer::Impl::chunk_elements(DType dtype) const {
+  return half_bytes / static_cast<std::int64_t>(std::max(wire_size, dtype_size(dtype)));
+}
+
+std::int64_t Allreducer::Impl::batch_elements(std::int64_t chunk) const {
+  return chunk * std::max<std::int64_t>(
+                     1, config.rail_batch_bytes / static_cast<std::int64_t>(wire_size) / chunk);
+}
+
+bool Allreducer::Impl::can_read_peers(const void* data, std::int64_t count, DType dtype) const {
+  // The same answer on every rank of a node: all registered alike, and the trainer's buckets
+  // (like any caller's data) sit at the same offsets everywhere.
+  return registered != nullptr && topology.local_size() > 1 && dtype == config.wire &&
+         registered->holds(data, offset(count, wire_size));
+}
+
+void Allreducer::Impl::registered_shm(void* data, std::int64_t count, DType dtype) {
+  // Three kinds of node barrier order the reads of peers' data: one first (every rank's data is
+  // final), one per group after its sums (a region is read by its peers only once its owner has
+  // written it), one last (no peer still reads this rank's data when the caller writes it again).
+  // Between them each rank writes only its own region of its own data, which no peer reads
+  // before the next barrier. A group is a cache-sized chunk on one node, a rail batch across
+  // nodes (the staged path's cuts: the rail calls of every node match, registered or not).
+  const std::ptrdiff_t at = bytes(data) - reinterpret_cast<std::uint8_t*>(registered->data());
+  const auto peer = [&](int local, std::int64_t element) {
+    return reinterpret_cast<std::uint8_t*>(registered->part(local)) + at +
+           offset(element, wire_size);
+  };
+  const int local_size = topology.local_size(), me = topology.local_rank();
+  const int parts = topology.num_shards(), first = topology.first_shard();
+  const bool one_node = topology.num_nodes() == 1;
+  const std::int64_t chunk = chunk_elements(dtype);
+  const std::int64_t group = one_node ? chunk : batch_elements(chunk);
+  const auto sum_from_peers = [&](std::int64_t begin, std::int64_t n, std::uint8_t* dst,
+                                  const detail::Copy* back) {
+    for (int local = 0; local < local_size; ++local)
+      inputs[static_cast<std::size_t>(local)] = {peer(local, begin), dtype, config.prescale};
+    detail::sum_inputs(inputs.data(), local_size, dst, config.wire, n, back);
+  };
+  node_barrier();
+  for (std::int64_t group_begin = 0; group_begin < count; group_begin += group) {
+    const std::int64_t group_n = std::min(group, count - group_begin);
+    const std::int64_t chunks = (group_n + chunk - 1) / chunk;
+    if (one_node) {
+      // The final sum, postscaled in the same pass, into this rank's own region.
+      const Range mine = region(group_n, me);
+      std::uint8_t* dst = peer(me, group_begin + mine.begin);
+      const detail::Copy back{dst, dtype, config.postscale};
+      sum_from_peers(group_begin + mine.begin, mine.size(), dst,
+                     config.postscale != 1.f ? &back : nullptr);
+    } else {
+      const RailBatch& batch = rail_batch(group_n, chunk);
+      grow(rail_scratch, offset(batch.base.back(), wire_size));
+      std::uint8_t* const packed = rail_scratch.data();
+      for (std::int64_t c = 0; c < chunks; ++c) {
+        const std::int64_t n = std::min(chunk, group_n - c * chunk);
+        for (int shard = first; shard < topology.end_shard(); ++shard) {
+          const Range range = shard_range(n, parts, shard);
+          sum_from_peers(group_begin + c * chunk + range.begin, range.size(),
+                         packed + offset(batch.piece(shard - first, c), wire_size), nullptr);
+        }
+      }
+      rail_allreduce_batch(packed, batch);
+      for (std::int64_t c = 0; c < chunks; ++c) {
+        const std::int64_t n = std::min(chunk, group_n - c * chunk);
+        for (int shard = first; shard < topology.end_shard(); ++shard) {
+          const Range range = shard_range(n, parts, shard);
+          detail::convert_scaled(packed + offset(batch.piece(shard - first, c), wire_size),
+                                 config.wire, peer(me, group_begin + c * chunk + range.begin),
+                                 dtype, range.size(), config.postscale);
+        }
+      }
+    }
+    node_barrier();
+    // Gather: every other region from its owner's data, final and postscaled there.
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const std::int64_t begin = group_begin + c * chunk;
+      const std::int64_t n = std::min(chunk, count - begin);
+      for (int step = 1; step < local_size; ++step) {
+        const int owner = (me + step) % local_size;
+        const Range range = region(n, owner);
+        std::memcpy(peer(me, begin + range.begin), peer(owner, begin + range.begin),
+                    offset(range.size(), wire_size));
+      }
+    }
+  }
+  node_barrier();
+}
+
 void Allreducer::Impl::gather(std::uint8_t* chunk_data, std::int64_t n, DType dtype) {
   // Copy every other region from its owner's slot, converted back and postscaled. Starting at
   // the next rank spreads the readers over the slots.
@@ -535,6 +630,16 @@ Allreducer::Allreducer(const Topology& topology, const AllreduceConfig& config)
 
 Allreducer::~Allreducer() = default;
 
+void Allreducer::register_buffer(std::shared_ptr<SharedBuffer> buffer) {
+  if (buffer == nullptr) abort_job("comm::Allreducer::register_buffer: no buffer");
+  int same = MPI_UNEQUAL;
+  MPT_CHECK_MPI(MPI_Comm_compare(buffer->topology().node(), topology_.node(), &same));
+  if (same != MPI_IDENT && same != MPI_CONGRUENT)
+    abort_job("comm::Allreducer::register_buffer: the buffer spans another node than the "
+              "topology's");
+  impl_->registered = std::move(buffer);
+}
+
 void Allreducer::allreduce(void* data, std::int64_t count, DType dtype) {
   if (!is_reducible(dtype) || count < 0)
     abort_job(std::string("comm::Allreducer::allreduce: cannot reduce ") + std::to_string(count) +
@@ -542,7 +647,10 @@ void Allreducer::allreduce(void* data, std::int64_t count, DType dtype) {
   if (count == 0) return;
   if (topology_.size() == 1 || config_.algorithm == Algorithm::flat_mpi)
     return impl_->flat(data, count, dtype);
-  if (config_.intra == IntraBackend::shm) return impl_->hierarchical_shm(data, count, dtype);
+  if (config_.intra == IntraBackend::shm) {
+    if (impl_->can_read_peers(data, count, dtype)) return impl_->registered_shm(data, count, dtype);
+    return impl_->hierarchical_shm(data, count, dtype);
+  }
   impl_->hierarchical_mpi(data, count, dtype);
 }
 

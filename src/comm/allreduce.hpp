@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/shared_buffer.hpp"
 #include "comm/topology.hpp"
 #include "core/tensor.hpp"
 
@@ -80,6 +81,12 @@ class Allreducer {
   // (prescale * DATA). Every rank ends with the same bits. COUNT may be 0.
   void allreduce(void* data, std::int64_t count, DType dtype);
   void allreduce(Tensor& data) { allreduce(data.raw(), data.numel(), data.dtype()); }
+  // Registers BUFFER (built over this topology's node; collective: every rank of the world
+  // registers its part, or none does): from then on, a hierarchical shm all-reduce of data
+  // inside this rank's part whose dtype is the wire's reads the peers' data straight from their
+  // parts, with no copy into the staging segment (docs/architecture.md, "Registered
+  // gradients"). Other data, and the other algorithms, go as before.
+  void register_buffer(std::shared_ptr<SharedBuffer> buffer);
 
   const AllreduceConfig& config() const { return config_; }
   const Topology& topology() const { return topology_; }

@@ -70,7 +70,8 @@ std::vector<Range> plan_buckets(std::int64_t count, std::int64_t element_bytes,
 
 GradientReducer::GradientReducer(const Topology& topology, const AllreduceConfig& config,
                                  Tensor& grads, const std::vector<std::int64_t>& param_offsets,
-                                 std::int64_t bucket_bytes, std::int64_t first_bucket_bytes)
+                                 std::int64_t bucket_bytes, std::int64_t first_bucket_bytes,
+                                 std::shared_ptr<SharedBuffer> shared)
     : grads_(grads),
       buckets_(plan_buckets(grads.numel(), static_cast<std::int64_t>(dtype_size(grads.dtype())),
                             param_offsets, bucket_bytes, first_bucket_bytes)),
@@ -79,6 +80,11 @@ GradientReducer::GradientReducer(const Topology& topology, const AllreduceConfig
   if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16)
     abort_job(std::string("comm::GradientReducer: gradients must be f32, f16 or bf16, not ") +
               dtype_name(dtype));
+  if (shared) {
+    if (!shared->holds(grads.raw(), grads.size_bytes()))
+      abort_job("comm::GradientReducer: the shared buffer does not hold the gradients");
+    allreducer_->register_buffer(std::move(shared));
+  }
   spans_.resize(buckets_.size());
   thread_ = std::thread([this] { thread_main(); });
 }

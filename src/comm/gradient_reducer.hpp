@@ -47,10 +47,13 @@ class GradientReducer {
  public:
   // Collective over TOPOLOGY's world (it builds the Allreducer). GRADS (not owned, outliving
   // this object) is the flat gradient buffer, f32, f16 or bf16; PARAM_OFFSETS, BUCKET_BYTES and
-  // FIRST_BUCKET_BYTES as plan_buckets(). Starts the communication thread.
+  // FIRST_BUCKET_BYTES as plan_buckets(). SHARED, when given, holds GRADS (its storage is
+  // this rank's part of the node's shared window): the all-reduce reads the peers' gradients
+  // from there (Allreducer::register_buffer). Starts the communication thread.
   GradientReducer(const Topology& topology, const AllreduceConfig& config, Tensor& grads,
                   const std::vector<std::int64_t>& param_offsets, std::int64_t bucket_bytes,
-                  std::int64_t first_bucket_bytes);
+                  std::int64_t first_bucket_bytes,
+                  std::shared_ptr<SharedBuffer> shared = nullptr);
   // Joins the communication thread after the buckets already launched are done.
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;

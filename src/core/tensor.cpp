@@ -65,6 +65,7 @@ std::string shape_to_string(const Shape& shape) {
 }
 
 Tensor::Storage::~Storage() {
+  if (owner) return;
   if (device == Device::cpu)
     std::free(bytes);
   else
@@ -90,6 +91,21 @@ Tensor::Tensor(Shape shape, DType dtype, Device device)
   std::memset(storage_->bytes, 0, padded);
   storage_->size = bytes;
   storage_->device = device;
+}
+
+Tensor Tensor::adopt(void* bytes, Shape shape, DType dtype, std::shared_ptr<void> owner) {
+  if (bytes == nullptr || owner == nullptr || reinterpret_cast<std::uintptr_t>(bytes) % 64 != 0)
+    abort_job("Tensor::adopt: needs 64-byte aligned memory and its owner");
+  for (auto extent : shape)
+    if (extent < 0) abort_job("Tensor::adopt: negative extent in shape " + shape_to_string(shape));
+  Tensor result;
+  result.shape_ = std::move(shape);
+  result.dtype_ = dtype;
+  result.storage_ = std::make_shared<Storage>();
+  result.storage_->bytes = static_cast<std::byte*>(bytes);
+  result.storage_->size = result.size_bytes();
+  result.storage_->owner = std::move(owner);
+  return result;
 }
 
 Tensor Tensor::view(const Tensor& base, std::int64_t offset, Shape shape) {

@@ -40,6 +40,10 @@ class Tensor {
   // aborts in a build without CUDA). Allocation happens at planning time only.
   Tensor(Shape shape, DType dtype, Device device = Device::cpu);
 
+  // A host tensor over memory that OWNER keeps alive and frees (the tensor never frees it), at
+  // least 64-byte aligned and SIZE_BYTES(shape) long: memory another component allocates, such
+  // as the gradients in a node's shared-memory window (comm::SharedBuffer). Views share OWNER.
+  static Tensor adopt(void* bytes, Shape shape, DType dtype, std::shared_ptr<void> owner);
   // A view of NUMEL(shape) elements of BASE starting at element OFFSET; shares BASE's buffer.
   static Tensor view(const Tensor& base, std::int64_t offset, Shape shape);
   // As view(), but re-points OUT in place and reuses its shape's storage, so a loop over row
@@ -85,6 +89,7 @@ class Tensor {
     std::byte* bytes = nullptr;
     std::size_t size = 0;
     Device device = Device::cpu;
+    std::shared_ptr<void> owner;  // set: the memory is OWNER's (Tensor::adopt), not freed here
     ~Storage();
   };
   void check_dtype(DType expected) const;

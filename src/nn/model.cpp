@@ -445,6 +445,29 @@ std::int64_t Model::activation_bytes() const {
   return bytes;
 }
 
+void Model::rebind_grads(Tensor storage) {
+  if (storage.shape() != grads_.shape() || storage.dtype() != grads_.dtype() ||
+      storage.device() != grads_.device())
+    abort_job("nn::Model::rebind_grads: needs " + grads_.describe() + ", got " +
+              storage.describe());
+  kernels::copy(grads_, storage);
+  const bool masters_are_grads = master_grads_.raw() == grads_.raw();
+  grads_ = std::move(storage);
+  if (masters_are_grads) master_grads_ = grads_;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    const auto specs = layers_[i]->param_specs();
+    if (specs.empty()) continue;
+    std::vector<Tensor> values, grads;
+    std::int64_t offset = layer_param_offsets_[i];
+    for (const auto& param : specs) {
+      values.push_back(Tensor::view(compute_params_, offset, param.shape));
+      grads.push_back(Tensor::view(grads_, offset, param.shape));
+      offset += shape_numel(param.shape);
+    }
+    layers_[i]->bind_params(std::move(values), std::move(grads));
+  }
+}
+
 std::vector<NamedParam> Model::named_params() const {
   std::vector<NamedParam> all;
   for (const auto& slot : param_slots_)

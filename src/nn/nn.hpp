@@ -248,6 +248,12 @@ class Model {
   // The f32 copy of the working weights that the layers compute with (params() under fp32).
   // With params(), the target of the recast (Sgd::recast_into fuses it into the update).
   Tensor& compute_params() { return compute_params_; }
+  // Moves grads() (and, under f32, master_grads(), the same buffer) into STORAGE: a tensor of
+  // the same shape, dtype and device that another component allocated, such as the node's
+  // shared-memory window that the all-reduce reads peers' gradients from without a copy
+  // (comm::SharedBuffer). Copies the current gradients and re-points every layer's views. Call
+  // before plan(), and before anything else holds views of grads().
+  void rebind_grads(Tensor storage);
   Tensor& master_params() { return master_params_; }
   Tensor& master_grads() { return master_grads_; }
   const Tensor& master_params() const { return master_params_; }

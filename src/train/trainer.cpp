@@ -534,6 +534,32 @@ struct ResumePoint {
 
 // Rank 0: the checkpoint --resume names, verified (every checksum) and its weights checked
 // against this model (the buffers are checked as they load); nullopt for --resume=none, or auto with no checkpoint yet (a fresh start).
+// The gradients in the node's shared-memory window, where the hierarchical shm all-reduce sums
+// straight out of the peers' buffers (one copy pass a step fewer; docs/architecture.md,
+// "Registered gradients"). Collective over the node. Null, and the gradients stay where they
+// are, for every other algorithm, a node of one rank, a 16-bit wire under f32 gradients (the
+// copy-in converts anyway), or when /dev/shm lacks the room (said once, by the root).
+std::shared_ptr<comm::SharedBuffer> share_gradients(nn::Model& model, const comm::Topology& topology,
+                                                    const comm::AllreduceConfig& allreduce,
+                                                    bool root) {
+  Tensor& grads = model.grads();
+  if (allreduce.algorithm != comm::Algorithm::hierarchical ||
+      allreduce.intra != comm::IntraBackend::shm || topology.local_size() == 1 ||
+      grads.device() != Device::cpu || allreduce.wire != grads.dtype() || grads.numel() == 0)
+    return nullptr;
+  std::string why;
+  if (!comm::SharedBuffer::fits(topology, grads.size_bytes(), &why)) {
+    if (root)
+      std::printf("mptrain: note: the gradients stay in private memory (%s), so the shm "
+                  "all-reduce copies them in first\n",
+                  why.c_str());
+    return nullptr;
+  }
+  auto shared = std::make_shared<comm::SharedBuffer>(topology, grads.size_bytes());
+  model.rebind_grads(Tensor::adopt(shared->data(), grads.shape(), grads.dtype(), shared));
+  return shared;
+}
+
 std::optional<ckpt::LoadedCheckpoint> load_for_resume(const RunConfig& config, nn::Model& model,
                                                       const data::DatasetInfo& info) {
   const std::string& resume = config.checkpoint.resume;
@@ -828,8 +854,11 @@ TrainSummary Trainer::run() {
   const auto mib = [](double megabytes) {
     return static_cast<std::int64_t>(megabytes * (1 << 20));
   };
+  const std::shared_ptr<comm::SharedBuffer> shared_grads =
+      share_gradients(*model, topology, allreduce, root);
   state_->reducer.emplace(topology, allreduce, model->grads(), model->param_offsets(),
-                          mib(config.comm.bucket_mb), mib(config.comm.first_bucket_mb));
+                          mib(config.comm.bucket_mb), mib(config.comm.first_bucket_mb),
+                          shared_grads);
   comm::GradientReducer& reducer = *state_->reducer;
   const bool overlap = config.comm.overlap != "off";  // auto, for a library caller: on
 
@@ -846,8 +875,9 @@ TrainSummary Trainer::run() {
                   static_cast<long long>(accumulate * global_batch));
     std::printf("allreduce %s", comm::algorithm_name(allreduce.algorithm));
     if (allreduce.algorithm == comm::Algorithm::hierarchical)
-      std::printf(" (intra %s, %d node(s) of up to %d rank(s))", comm::intra_name(allreduce.intra),
-                  topology.num_nodes(), topology.num_shards());
+      std::printf(" (intra %s%s, %d node(s) of up to %d rank(s))", comm::intra_name(allreduce.intra),
+                  shared_grads ? " on registered gradients" : "", topology.num_nodes(),
+                  topology.num_shards());
     std::printf(", wire %s, %d bucket(s)", dtype_name(allreduce.wire), reducer.num_buckets());
     if (config.comm.bucket_mb > 0)
       std::printf(" (%g MiB, first %g MiB)", config.comm.bucket_mb, config.comm.first_bucket_mb);

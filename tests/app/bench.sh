@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `mptrain bench allreduce` end to end: the nccl-tests columns, a correct result in every row for
-# every algorithm (3 ranks as uneven emulated nodes, 2 ranks as two nodes), fp16 on the wire, the
-# --json file.
+# every algorithm (3 ranks as uneven emulated nodes, 2 ranks as two nodes), fp16 on the wire,
+# registered buffers, the --json file.
 source "$(dirname "$0")/common.sh"
 
 # run_bench NAME NP ARGS...: passes when the run exits 0, prints a row per size and algorithm,
@@ -43,6 +43,13 @@ if grep -qE '^ +524288 +131072 +fp32 +hierarchical-shm@3 ' "$TMP/out"; then
 else
   fail "bench ALGO@K rows are labelled with their nodes"; cat "$TMP/out" >&2
 fi
+# The registered path (the data in a shared buffer, as the trainer's gradients): one node and
+# uneven emulated nodes with several rail batches, fp32 and bf16.
+EXPECTED_ROWS=10
+run_bench "3 ranks, registered buffers, one node and nodes of 2" 3 -b 8 -e 1M -f 16 -n 3 -w 1 \
+  -a hierarchical-shm-reg,hierarchical-shm-reg@2 --shm-segment 64K --rail-batch 100K
+run_bench "2 ranks, registered buffers, bf16" 2 -b 8 -e 1M -f 16 -n 3 -w 1 -d bf16 \
+  -a hierarchical-shm-reg,hierarchical-shm-reg@1
 
 # The JSON holds every row with its bus bandwidth and the memcpy reference.
 if /usr/bin/python3 - "$TMP/bench.json" <<'PY'

@@ -16,6 +16,12 @@ timeout 300 "$MPIEXEC" -n "$NP" --oversubscribe "$MPTRAIN" train \
   --output.dir="$TMP/run" --checkpoint.dir="$TMP/ckpt" >"$TMP/train.log" 2>&1 ||
   { fail "train exited non-zero"; cat "$TMP/train.log" >&2; finish; }
 pass "train on $NP ranks"
+# More than one rank per node: the gradients live in the node's shared window, and the shm
+# all-reduce reads the peers' there (docs/architecture.md, "Registered gradients").
+if [ "$NP" -gt 1 ]; then
+  grep -q "intra shm on registered gradients" "$TMP/train.log" && pass "gradients registered" ||
+    { fail "gradients registered"; grep allreduce "$TMP/train.log" >&2; }
+fi
 
 python3 - "$TMP/run" "$NP" <<'PYEOF' && pass "metrics.jsonl and summary.json" || fail "metrics/summary checks"
 import json, sys

@@ -10,10 +10,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/allreduce.hpp"
+#include "comm/shared_buffer.hpp"
 #include "comm/topology.hpp"
 #include "core/half.hpp"
 #include "tests/test_util.hpp"
@@ -100,14 +102,25 @@ struct Scales {
   float prescale, postscale;
 };
 
+// COUNT elements of DTYPE: a fresh tensor, or with SHARED (registered with the Allreducer) a
+// view of it at an offset that varies with COUNT (the same on every rank).
+Tensor data_for(std::int64_t count, DType dtype, const std::shared_ptr<SharedBuffer>& shared) {
+  if (!shared) return Tensor({count}, dtype);
+  const std::int64_t capacity = static_cast<std::int64_t>(shared->size() / dtype_size(dtype));
+  const std::int64_t at = std::min<std::int64_t>(count % 5, capacity - count);
+  return Tensor::view(Tensor::adopt(shared->data(), {capacity}, dtype, shared), at, {count});
+}
+
 // Reduces COUNT elements with ALLREDUCER and checks them against the float64 sum.
-void check_allreduce(Allreducer& allreducer, std::int64_t count, DType dtype) {
+void check_allreduce(Allreducer& allreducer, std::int64_t count, DType dtype,
+                     const std::shared_ptr<SharedBuffer>& shared = nullptr) {
   const AllreduceConfig& config = allreducer.config();
   const int n = world_size();
   SCOPED_TRACE("count " + std::to_string(count) + ", data " + dtype_name(dtype) + ", wire " +
                dtype_name(config.wire) + ", prescale " + std::to_string(config.prescale) +
-               ", postscale " + std::to_string(config.postscale));
-  Tensor data({count}, dtype);
+               ", postscale " + std::to_string(config.postscale) +
+               (shared ? ", registered buffer" : ""));
+  Tensor data = data_for(count, dtype, shared);
   for (std::int64_t i = 0; i < count; ++i)
     store(dtype, data.raw(), i, contribution(dtype, world_rank(), i));
   allreducer.allreduce(data);
@@ -140,8 +153,10 @@ constexpr std::int64_t kLarge = (std::int64_t{1} << 20) + 3;
 // reduces {0, 1, 7, 1000}; one dtype pair per K adds 1M+3 (with 256 KiB shm segments: several
 // segments). Scalings rotate over the cases, and so do the shm segment sizes (256 bytes: every
 // chunk of 1000 elements a separate segment; the 1 MiB default: one segment) and the rail
-// batches (a few chunks, or the default).
-void check_algorithm(Algorithm algorithm, IntraBackend intra, const std::vector<int>& ks) {
+// batches (a few chunks, or the default). REGISTERED: the data lies in a SharedBuffer registered
+// with the Allreducer (where the data dtype is the wire's, the shm backend reads peers' data).
+void check_algorithm(Algorithm algorithm, IntraBackend intra, const std::vector<int>& ks,
+                     bool registered = false) {
   const float inverse = 1.f / static_cast<float>(world_size());
   const Scales scalings[] = {{1.f, 1.f}, {inverse, 1.f}, {1.f, inverse}};
   int case_index = 0;
@@ -165,9 +180,14 @@ void check_algorithm(Algorithm algorithm, IntraBackend intra, const std::vector<
       // the default (one batch here) on the third.
       if (case_index % 3 != 0) config.rail_batch_bytes = large ? (1 << 20) + 5 : 1000;
       Allreducer allreducer(topology, config);
+      std::shared_ptr<SharedBuffer> shared;
+      if (registered) {
+        shared = std::make_shared<SharedBuffer>(topology, (kLarge + 8) * sizeof(float));
+        allreducer.register_buffer(shared);
+      }
       for (const std::int64_t count : {0L, 1L, 7L, 1000L})
-        check_allreduce(allreducer, count, kTypes[t].data);
-      if (large) check_allreduce(allreducer, kLarge, kTypes[t].data);
+        check_allreduce(allreducer, count, kTypes[t].data, shared);
+      if (large) check_allreduce(allreducer, kLarge, kTypes[t].data, shared);
       if (testing::Test::HasFatalFailure()) return;
     }
   }
@@ -184,6 +204,11 @@ TEST(AllreduceAlgorithms, HierarchicalMpiMatchesTheFloat64Sum) {
 
 TEST(AllreduceAlgorithms, HierarchicalShmMatchesTheFloat64Sum) {
   check_algorithm(Algorithm::hierarchical, IntraBackend::shm, ranks_per_node_cases());
+}
+
+TEST(AllreduceAlgorithms, HierarchicalShmOnRegisteredBuffersMatchesTheFloat64Sum) {
+  check_algorithm(Algorithm::hierarchical, IntraBackend::shm, ranks_per_node_cases(),
+                  /*registered=*/true);
 }
 
 TEST(AllreduceAlgorithms, InfOnOneRankReachesEveryRank) {
@@ -230,6 +255,70 @@ TEST(AllreduceAlgorithms, RepeatedCallsReuseTheShmSlotsSafely) {
       ASSERT_EQ(data.data<float>()[i], ranks * (ranks + 1) / 2 * static_cast<float>(i + round))
           << "round " << round << " index " << i;
   }
+}
+
+TEST(AllreduceAlgorithms, RegisteredBuffersCanBeRewrittenAsSoonAsACallReturns) {
+  // Each rank overwrites its data the moment allreduce() returns, as backward does with the
+  // gradients of the next step, and a slow rank delays its reads: without the closing barrier
+  // a peer would still be gathering from data that has changed. Rank 0 stalls between calls so
+  // that the others run ahead; nodes of 2 (rails too) and one node.
+  for (const int k : {0, 2}) {
+    SCOPED_TRACE("ranks per node " + std::to_string(k));
+    const Topology topology(MPI_COMM_WORLD, k);
+    AllreduceConfig config;
+    config.algorithm = Algorithm::hierarchical;
+    config.intra = IntraBackend::shm;
+    config.shm_segment_bytes = 512;
+    config.rail_batch_bytes = 1024;
+    Allreducer allreducer(topology, config);
+    const std::int64_t capacity = 4000;
+    auto shared = std::make_shared<SharedBuffer>(topology, capacity * sizeof(float));
+    allreducer.register_buffer(shared);
+    Tensor all = Tensor::adopt(shared->data(), {capacity}, DType::f32, shared);
+    const float ranks = static_cast<float>(world_size());
+    for (int round = 0; round < 30; ++round) {
+      const std::int64_t count = 1 + (round * 397) % capacity;
+      Tensor data = Tensor::view(all, 0, {count});
+      for (std::int64_t i = 0; i < count; ++i)
+        data.data<float>()[i] = static_cast<float>((world_rank() + 1) * (i % 97 + round));
+      allreducer.allreduce(data);
+      for (std::int64_t i = 0; i < count; ++i)
+        ASSERT_EQ(data.data<float>()[i],
+                  ranks * (ranks + 1) / 2 * static_cast<float>(i % 97 + round))
+            << "round " << round << " index " << i;
+      // Poison at once; rank 0 lingers first on every other round.
+      if (world_rank() == 0 && round % 2 == 0) {
+        const double until = MPI_Wtime() + 0.002;
+        while (MPI_Wtime() < until) {
+        }
+      }
+      std::fill_n(data.data<float>(), count, -1e30f);
+    }
+  }
+}
+
+TEST(SharedBuffer, EveryRankSeesEveryPartOfItsNode) {
+  const Topology topology(MPI_COMM_WORLD, 2);
+  SharedBuffer shared(topology, 100 * sizeof(int));
+  auto* mine = reinterpret_cast<int*>(shared.data());
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(mine[i], 0) << "zero-filled";
+  for (int i = 0; i < 100; ++i) mine[i] = world_rank() * 1000 + i;
+  MPI_Barrier(topology.node());
+  for (int local = 0; local < topology.local_size(); ++local) {
+    const auto* part = reinterpret_cast<const int*>(shared.part(local));
+    const int owner = topology.rank() - topology.local_rank() + local;  // consecutive ranks
+    EXPECT_EQ(part[0], owner * 1000);
+    EXPECT_EQ(part[99], owner * 1000 + 99);
+  }
+  EXPECT_TRUE(shared.holds(mine, 100 * sizeof(int)));
+  EXPECT_TRUE(shared.holds(mine + 99, sizeof(int)));
+  EXPECT_FALSE(shared.holds(mine + 99, 2 * sizeof(int)));
+  EXPECT_FALSE(shared.holds(mine - 1, sizeof(int)));
+  std::string why;
+  EXPECT_TRUE(SharedBuffer::fits(topology, 1 << 20, &why)) << why;
+  EXPECT_FALSE(SharedBuffer::fits(topology, std::size_t{1} << 50, &why));
+  EXPECT_NE(why.find("/dev/shm"), std::string::npos) << why;
+  MPI_Barrier(topology.node());  // no rank frees before every peer has read
 }
 
 // ---- topology ----------------------------------------------------------------------------------

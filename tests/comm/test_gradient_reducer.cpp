@@ -8,11 +8,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "comm/gradient_reducer.hpp"
+#include "comm/shared_buffer.hpp"
 #include "comm/topology.hpp"
 #include "core/half.hpp"
 
@@ -159,6 +161,7 @@ float local_value(int rank, std::int64_t i) {
 struct Case {
   Algorithm algorithm;
   int ranks_per_node;
+  bool registered = false;  // the gradients in a SharedBuffer that the all-reduce reads
 };
 
 // The case's algorithm over TOPOLOGY, with shm inside nodes where the ranks share memory.
@@ -167,6 +170,15 @@ AllreduceConfig config_for(const Case& c, const Topology& topology) {
   config.algorithm = c.algorithm;
   config.intra = topology.shm_capable() ? IntraBackend::shm : IntraBackend::mpi;
   return config;
+}
+
+// COUNT gradients of DTYPE for case C: a plain tensor, or this rank's part of a SharedBuffer
+// over TOPOLOGY's node (kept in SHARED, for the reducer to register).
+Tensor gradients_for(const Case& c, const Topology& topology, std::int64_t count, DType dtype,
+                     std::shared_ptr<SharedBuffer>& shared) {
+  if (!c.registered) return Tensor({count}, dtype);
+  shared = std::make_shared<SharedBuffer>(topology, static_cast<std::size_t>(count) * dtype_size(dtype));
+  return Tensor::adopt(shared->data(), {count}, dtype, shared);
 }
 
 class ReducerCases : public ::testing::TestWithParam<Case> {};
@@ -197,7 +209,8 @@ TEST_P(ReducerCases, BucketedEqualsOneFlatAllreduceForAnyBucketSize) {
                                                              {DType::f16, 64}};
   for (const auto& [dtype, bucket_bytes] : cases) {
     config.wire = dtype;
-    Tensor grads({kCount}, dtype);
+    std::shared_ptr<SharedBuffer> shared;
+    Tensor grads = gradients_for(c, topology, kCount, dtype, shared);
     const auto set = [&](std::int64_t i, float value) {
       if (dtype == DType::f32)
         grads.data<float>()[i] = value;
@@ -208,7 +221,8 @@ TEST_P(ReducerCases, BucketedEqualsOneFlatAllreduceForAnyBucketSize) {
       return dtype == DType::f32 ? grads.data<float>()[i]
                                  : half_bits_to_float(static_cast<std::uint16_t*>(grads.raw())[i]);
     };
-    GradientReducer reducer(topology, config, grads, kOffsets, bucket_bytes, bucket_bytes / 2);
+    GradientReducer reducer(topology, config, grads, kOffsets, bucket_bytes, bucket_bytes / 2,
+                            shared);
     const auto expected_buckets = plan_buckets(kCount, static_cast<std::int64_t>(dtype_size(dtype)),
                                                kOffsets, bucket_bytes, bucket_bytes / 2);
     ASSERT_EQ(reducer.num_buckets(), static_cast<int>(expected_buckets.size()));
@@ -259,10 +273,11 @@ TEST_P(ReducerCases, CutParametersLaunchOnlyOnceFinal) {
   for (std::int64_t i = 0; i < count; ++i) expected[i] = local_value(rank, i);
   MPI_Allreduce(MPI_IN_PLACE, expected.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
                 MPI_COMM_WORLD);
-  Tensor grads({count}, DType::f32);
+  std::shared_ptr<SharedBuffer> shared;
+  Tensor grads = gradients_for(c, topology, count, DType::f32, shared);
   float* g = grads.data<float>();
   GradientReducer reducer(topology, config, grads, offsets, kMinSplitBucketBytes,
-                          kMinSplitBucketBytes);
+                          kMinSplitBucketBytes, shared);
   ASSERT_GT(reducer.num_buckets(), 5);  // 390 KB in 64 KiB buckets
   for (int step = 0; step < 2; ++step) {
     for (std::int64_t i = 0; i < count; ++i) g[i] = std::nanf("");
@@ -289,8 +304,9 @@ TEST_P(ReducerCases, WaitWithoutBackwardReducesEverything) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   Topology topology(MPI_COMM_WORLD, c.ranks_per_node);
   AllreduceConfig config = config_for(c, topology);
-  Tensor grads({kCount}, DType::f32);
-  GradientReducer reducer(topology, config, grads, kOffsets, 1, 1);
+  std::shared_ptr<SharedBuffer> shared;
+  Tensor grads = gradients_for(c, topology, kCount, DType::f32, shared);
+  GradientReducer reducer(topology, config, grads, kOffsets, 1, 1, shared);
   std::vector<float> expected(kCount);
   for (std::int64_t i = 0; i < kCount; ++i)
     grads.data<float>()[i] = expected[i] = local_value(rank, i);
@@ -305,11 +321,13 @@ TEST_P(ReducerCases, WaitWithoutBackwardReducesEverything) {
 INSTANTIATE_TEST_SUITE_P(
     Algorithms, ReducerCases,
     ::testing::Values(Case{Algorithm::flat_mpi, 0}, Case{Algorithm::hierarchical, 0},
-                      Case{Algorithm::hierarchical, 1}, Case{Algorithm::hierarchical, 2}),
+                      Case{Algorithm::hierarchical, 1}, Case{Algorithm::hierarchical, 2},
+                      Case{Algorithm::hierarchical, 0, true}, Case{Algorithm::hierarchical, 2, true}),
     [](const auto& info) {
       return std::string(algorithm_name(info.param.algorithm)) == "flat-mpi"
                  ? std::string("flat")
-                 : "hierarchical_k" + std::to_string(info.param.ranks_per_node);
+                 : "hierarchical_k" + std::to_string(info.param.ranks_per_node) +
+                       (info.param.registered ? "_registered" : "");
     });
 
 }  // namespace
