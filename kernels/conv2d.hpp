@@ -29,12 +29,21 @@ void samples_to_channel_rows(const Tensor& samples, Tensor& rows, const Tensor* 
 void channel_bias_forward(Tensor& y, const Tensor& bias);
 void channel_bias_backward(const Tensor& dy, Tensor& bias_grad, bool accumulate);
 }  // namespace host
+// The CUDA twins (kernels/cuda/conv2d.cu), same contracts, every tensor on the cuda device.
+namespace cuda {
+void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col);
+void col2im(Tensor& col, const Conv2dGeometry& g, Tensor& dx);
+void channel_rows_to_samples(const Tensor& rows, const Tensor& bias, Tensor& samples, bool relu);
+void samples_to_channel_rows(const Tensor& samples, Tensor& rows, const Tensor* relu_output);
+void channel_bias_forward(Tensor& y, const Tensor& bias);
+void channel_bias_backward(const Tensor& dy, Tensor& bias_grad, bool accumulate);
+}  // namespace cuda
 
 // COL[c*K*K + i*K + j, b*OH*OW + oh*OW + ow] = X[b, c, oh*S - P + i, ow*S - P + j] (0 outside
 // X) for f32 X holding B >= 1 whole samples of G's shape; COL is f32 [col_rows, B*col_columns],
 // caller-owned. B = 1 is one sample's [col_rows, col_columns] matrix.
 inline void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col) {
-  if (x.device() != Device::cpu) detail::built_without_cuda("kernels::im2col");
+  MPT_DISPATCH_CUDA(x, im2col, x, g, col);
   host::im2col(x, g, col);
 }
 
@@ -42,7 +51,7 @@ inline void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col) {
 // B*col_columns]) over the windows that read each input element. Overwrites DX. COL is the
 // caller's scratch: its entries for windows over padding may be zeroed on the way.
 inline void col2im(Tensor& col, const Conv2dGeometry& g, Tensor& dx) {
-  if (col.device() != Device::cpu) detail::built_without_cuda("kernels::col2im");
+  MPT_DISPATCH_CUDA(col, col2im, col, g, dx);
   host::col2im(col, g, dx);
 }
 
@@ -52,7 +61,7 @@ inline void col2im(Tensor& col, const Conv2dGeometry& g, Tensor& dx) {
 // caller-owned.
 inline void channel_rows_to_samples(const Tensor& rows, const Tensor& bias, Tensor& samples,
                                     bool relu = false) {
-  if (rows.device() != Device::cpu) detail::built_without_cuda("kernels::channel_rows_to_samples");
+  MPT_DISPATCH_CUDA(rows, channel_rows_to_samples, rows, bias, samples, relu);
   host::channel_rows_to_samples(rows, bias, samples, relu);
 }
 
@@ -63,19 +72,19 @@ inline void channel_rows_to_samples(const Tensor& rows, const Tensor& bias, Tens
 // kernels::relu_backward.
 inline void samples_to_channel_rows(const Tensor& samples, Tensor& rows,
                                     const Tensor* relu_output = nullptr) {
-  if (rows.device() != Device::cpu) detail::built_without_cuda("kernels::samples_to_channel_rows");
+  MPT_DISPATCH_CUDA(samples, samples_to_channel_rows, samples, rows, relu_output);
   host::samples_to_channel_rows(samples, rows, relu_output);
 }
 
 // Y[c, p] += BIAS[c] for f32 Y [C, P] (channels first, as a conv output sample is).
 inline void channel_bias_forward(Tensor& y, const Tensor& bias) {
-  if (y.device() != Device::cpu) detail::built_without_cuda("kernels::channel_bias_forward");
+  MPT_DISPATCH_CUDA(y, channel_bias_forward, y, bias);
   host::channel_bias_forward(y, bias);
 }
 
 // BIAS_GRAD[c] (+)= sum over p of DY[c, p]; overwrites unless ACCUMULATE.
 inline void channel_bias_backward(const Tensor& dy, Tensor& bias_grad, bool accumulate) {
-  if (dy.device() != Device::cpu) detail::built_without_cuda("kernels::channel_bias_backward");
+  MPT_DISPATCH_CUDA(dy, channel_bias_backward, dy, bias_grad, accumulate);
   host::channel_bias_backward(dy, bias_grad, accumulate);
 }
 

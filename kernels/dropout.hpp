@@ -24,17 +24,23 @@ void dropout_forward(const Tensor& x, float p, const DropoutKey& key, Tensor& y)
 void dropout_backward(const Tensor& dy, float p, const DropoutKey& key, Tensor& dx);
 bool dropout_keeps(float p, const DropoutKey& key, std::uint64_t element);
 }  // namespace host
+// The CUDA twins (kernels/cuda/dropout.cu), same contracts and the same masks, every tensor on
+// the cuda device. dropout_keeps stays on the host: it is the reference the tests draw from.
+namespace cuda {
+void dropout_forward(const Tensor& x, float p, const DropoutKey& key, Tensor& y);
+void dropout_backward(const Tensor& dy, float p, const DropoutKey& key, Tensor& dx);
+}  // namespace cuda
 
 // Y = X / (1 - P) where kept, else 0, for 0 <= P < 1. X and Y (same element count) may differ
 // in storage dtype (f32, f16, bf16) and may alias.
 inline void dropout_forward(const Tensor& x, float p, const DropoutKey& key, Tensor& y) {
-  if (x.device() != Device::cpu) detail::built_without_cuda("kernels::dropout_forward");
+  MPT_DISPATCH_CUDA(x, dropout_forward, x, p, key, y);
   host::dropout_forward(x, p, key, y);
 }
 
 // DX = DY / (1 - P) where the forward with the same P and KEY kept, else 0. DX may alias DY.
 inline void dropout_backward(const Tensor& dy, float p, const DropoutKey& key, Tensor& dx) {
-  if (dy.device() != Device::cpu) detail::built_without_cuda("kernels::dropout_backward");
+  MPT_DISPATCH_CUDA(dy, dropout_backward, dy, p, key, dx);
   host::dropout_backward(dy, p, key, dx);
 }
 

@@ -23,11 +23,18 @@ void max_pool2d_backward(const Tensor& x, const Pool2dGeometry& g, const Tensor&
 void avg_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor& y);
 void avg_pool2d_backward(const Pool2dGeometry& g, const Tensor& dy, Tensor& dx);
 }  // namespace host
+// The CUDA twins (kernels/cuda/pool2d.cu), same contracts, every tensor on the cuda device.
+namespace cuda {
+void max_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor& y);
+void max_pool2d_backward(const Tensor& x, const Pool2dGeometry& g, const Tensor& dy, Tensor& dx);
+void avg_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor& y);
+void avg_pool2d_backward(const Pool2dGeometry& g, const Tensor& dy, Tensor& dx);
+}  // namespace cuda
 
 // Y = the maximum of each window, for X f32 holding whole planes (any batch x channels) and Y
 // holding as many output planes. A NaN in a window wins, so loss scaling sees it.
 inline void max_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor& y) {
-  if (x.device() != Device::cpu) detail::built_without_cuda("kernels::max_pool2d_forward");
+  MPT_DISPATCH_CUDA(x, max_pool2d_forward, x, g, y);
   host::max_pool2d_forward(x, g, y);
 }
 
@@ -35,19 +42,19 @@ inline void max_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor&
 // kept), summed where windows overlap. Overwrites DX.
 inline void max_pool2d_backward(const Tensor& x, const Pool2dGeometry& g, const Tensor& dy,
                                 Tensor& dx) {
-  if (x.device() != Device::cpu) detail::built_without_cuda("kernels::max_pool2d_backward");
+  MPT_DISPATCH_CUDA(x, max_pool2d_backward, x, g, dy, dx);
   host::max_pool2d_backward(x, g, dy, dx);
 }
 
 // Y = the mean of each window.
 inline void avg_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor& y) {
-  if (x.device() != Device::cpu) detail::built_without_cuda("kernels::avg_pool2d_forward");
+  MPT_DISPATCH_CUDA(x, avg_pool2d_forward, x, g, y);
   host::avg_pool2d_forward(x, g, y);
 }
 
 // DX = DY / window size spread over each window, summed where windows overlap. Overwrites DX.
 inline void avg_pool2d_backward(const Pool2dGeometry& g, const Tensor& dy, Tensor& dx) {
-  if (dy.device() != Device::cpu) detail::built_without_cuda("kernels::avg_pool2d_backward");
+  MPT_DISPATCH_CUDA(dy, avg_pool2d_backward, g, dy, dx);
   host::avg_pool2d_backward(g, dy, dx);
 }
 

@@ -12,16 +12,20 @@
 #include "kernels/add.hpp"
 #include "kernels/bias.hpp"
 #include "kernels/cast.hpp"
+#include "kernels/conv2d.hpp"
 #include "kernels/copy.hpp"
+#include "kernels/dropout.hpp"
 #include "kernels/finite.hpp"
 #include "kernels/gelu.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/norm.hpp"
 #include "kernels/normalize.hpp"
+#include "kernels/pool2d.hpp"
 #include "kernels/relu.hpp"
 #include "kernels/scale.hpp"
 #include "kernels/sgd.hpp"
 #include "kernels/softmax_xent.hpp"
+#include "kernels/transpose.hpp"
 #include "kernels/unscale_check.hpp"
 
 namespace mpt::gpu_test {
@@ -162,6 +166,144 @@ void case_add(Harness& h, Random& rng) {
       h.expect_same_bytes(label + " in place", ad, a);
     }
   }
+}
+
+void case_pool2d(Harness& h, Random& rng) {
+  struct Geometry {
+    std::int64_t batch, channels, height, width, kernel_h, kernel_w, stride;
+  };
+  const Geometry geometries[] = {
+      {4, 16, 28, 28, 2, 2, 2},  // maxpool:2 on 28x28: disjoint windows, many blocks
+      {3, 13, 7, 11, 2, 2, 2},   // non-square, odd: the last row and column are dropped
+      {5, 7, 9, 13, 3, 3, 2},    // overlapping windows (stride < kernel)
+      {2, 2, 8, 9, 3, 3, 2},     // overlapping, and the last row dropped
+      {2, 3, 10, 7, 2, 3, 3},    // stride > kernel_h: rows no window covers; last column dropped
+      {1, 5, 12, 12, 3, 2, 1},   // stride 1: an element in up to 6 windows
+      {257, 1, 5, 6, 5, 6, 1},   // global pooling, 257 planes (not a multiple of a block)
+  };
+  for (const Geometry& s : geometries)
+    for (bool ties : {false, true}) {
+      kernels::Pool2dGeometry g;
+      g.height = s.height;
+      g.width = s.width;
+      g.kernel_h = s.kernel_h;
+      g.kernel_w = s.kernel_w;
+      g.stride = s.stride;
+      char label[160];
+      std::snprintf(label, sizeof label,
+                    " [%lldx%lld planes %lldx%lld, window %lldx%lld stride %lld%s]",
+                    static_cast<long long>(s.batch), static_cast<long long>(s.channels),
+                    static_cast<long long>(s.height), static_cast<long long>(s.width),
+                    static_cast<long long>(s.kernel_h), static_cast<long long>(s.kernel_w),
+                    static_cast<long long>(s.stride), ties ? ", ties" : "");
+      Tensor x = rng.tensor({s.batch, s.channels, s.height, s.width}, DType::f32);
+      // Ties: values in {-1, -0.5, -0, 0, 0.5, 1}, so most windows hold several maxima and the
+      // first must win on both sides (-0 and +0 tie too).
+      if (ties)
+        for (std::int64_t i = 0; i < x.numel(); ++i)
+          x.data<float>()[i] = std::round(x.data<float>()[i] * 2.f) / 2.f;
+      // NaNs: at the first tap of the first window, two side by side (often in one window), and
+      // a few scattered: a NaN wins the forward and takes the gradient in the backward.
+      set_element(x, 0, kNaN);
+      set_element(x, x.numel() / 2, kNaN);
+      set_element(x, x.numel() / 2 + 1, kNaN);
+      for (std::int64_t i = 0, at = 0; i < 5; ++i) set_element(x, (at += 977) % x.numel(), kNaN);
+      const Shape out_shape{s.batch, s.channels, g.out_height(), g.out_width()};
+      Tensor dy = rng.tensor(out_shape, DType::f32);
+      set_element(dy, dy.numel() - 1, -0.f);  // a -0 gradient keeps its sign in disjoint windows
+      Tensor xd = dev(x), dyd = dev(dy);
+      Tensor y(out_shape, DType::f32), yd(out_shape, DType::f32, Device::cuda);
+      Tensor dx(x.shape(), DType::f32), dxd(x.shape(), DType::f32, Device::cuda);
+      // Max pooling selects and adds in the host's order: the same bytes, NaNs included.
+      kernels::max_pool2d_forward(x, g, y);
+      kernels::max_pool2d_forward(xd, g, yd);
+      h.expect_same_bytes(std::string("max_pool2d_forward") + label, yd, y);
+      dxd = dev(rng.tensor(x.shape(), DType::f32));  // garbage: the backward must overwrite it
+      kernels::max_pool2d_backward(x, g, dy, dx);
+      kernels::max_pool2d_backward(xd, g, dyd, dxd);
+      h.expect_same_bytes(std::string("max_pool2d_backward") + label, dxd, dx);
+      // Average pooling: the same sums in the same order; a NaN's payload may differ after
+      // arithmetic, so NaN matches NaN (kExact), every other value bit for bit.
+      kernels::avg_pool2d_forward(x, g, y);
+      kernels::avg_pool2d_forward(xd, g, yd);
+      h.expect_close(std::string("avg_pool2d_forward") + label, yd, y, kExact);
+      dxd = dev(rng.tensor(x.shape(), DType::f32));
+      kernels::avg_pool2d_backward(g, dy, dx);
+      kernels::avg_pool2d_backward(g, dyd, dxd);
+      h.expect_close(std::string("avg_pool2d_backward") + label, dxd, dx, kExact);
+    }
+}
+
+void case_dropout(Harness& h, Random& rng) {
+  // A plain key, and one with every high word set and a first element inside a Philox group.
+  const kernels::DropoutKey keys[] = {{1234, 7, 0},
+                                      {0x0123456789abcdefull, (1ull << 32) + 3, (5ull << 34) + 3}};
+  // The masks themselves, against host::dropout_keeps: inputs never 0, so an output is 0
+  // exactly where the element was dropped.
+  for (const kernels::DropoutKey& key : keys)
+    for (float p : {0.f, 0.1f, 0.5f, 0.9f}) {
+      char label[160];
+      std::snprintf(label, sizeof label, " [p=%g seed=%llx stream=%llx first=%llu]", p,
+                    static_cast<unsigned long long>(key.seed),
+                    static_cast<unsigned long long>(key.stream),
+                    static_cast<unsigned long long>(key.first_element));
+      Tensor x = rng.tensor({kN}, DType::f32, 0.5f, 1.5f);
+      Tensor y({kN}, DType::f32), yd({kN}, DType::f32, Device::cuda);
+      kernels::dropout_forward(x, p, key, y);
+      kernels::dropout_forward(dev(x), p, key, yd);
+      const Tensor got = host_f32(yd);
+      std::int64_t wrong = 0, first_wrong = -1;
+      for (std::int64_t i = 0; i < kN; ++i)
+        if ((got.data<float>()[i] != 0.f) !=
+                kernels::dropout_keeps(p, key, static_cast<std::uint64_t>(i)) &&
+            wrong++ == 0)
+          first_wrong = i;
+      h.expect(
+          wrong == 0, std::string("dropout_forward mask = dropout_keeps") + label,
+          std::to_string(wrong) + " elements differ, the first at " + std::to_string(first_wrong));
+      h.expect_same_bytes(std::string("dropout_forward") + label, yd, y);
+    }
+  // Every storage mix, with specials, forward, backward and in place: kExact, as in case_cast
+  // (a NaN rounded into 16 bits may carry another payload).
+  const DType mixes[][2] = {{DType::f32, DType::f32},
+                            {DType::f16, DType::f16},
+                            {DType::bf16, DType::bf16},
+                            {DType::f16, DType::f32},
+                            {DType::f32, DType::bf16}};
+  for (const auto& mix : mixes)
+    for (const kernels::DropoutKey& key : keys) {
+      const float p = 0.3f;
+      const std::string label = std::string(" [") + dtype_name(mix[0]) + " -> " +
+                                dtype_name(mix[1]) + " first=" + std::to_string(key.first_element) +
+                                "]";
+      Tensor x = rng.tensor({kN}, mix[0], -10.f, 10.f);
+      plant_specials(x);
+      Tensor y({kN}, mix[1]), yd({kN}, mix[1], Device::cuda);
+      Tensor xd = dev(x);
+      kernels::dropout_forward(x, p, key, y);
+      kernels::dropout_forward(xd, p, key, yd);
+      h.expect_close("dropout_forward" + label, yd, y, kExact);
+      kernels::dropout_backward(x, p, key, y);
+      kernels::dropout_backward(xd, p, key, yd);
+      h.expect_close("dropout_backward" + label, yd, y, kExact);
+      if (mix[0] == mix[1]) {
+        kernels::dropout_backward(x, p, key, x);
+        kernels::dropout_backward(xd, p, key, xd);
+        h.expect_close("dropout_backward in place" + label, xd, x, kExact);
+      }
+    }
+  // Tensors smaller than a Philox group, starting and ending inside one or spanning two.
+  for (std::uint64_t first : {0ull, 1ull, 2ull, 3ull})
+    for (std::int64_t n : {1, 2, 3, 5}) {
+      const kernels::DropoutKey key{99, 1, first};
+      const std::string label =
+          " [n=" + std::to_string(n) + " first=" + std::to_string(first) + "]";
+      Tensor x = rng.tensor({n}, DType::f32, 0.5f, 1.5f);
+      Tensor y({n}, DType::f32), yd({n}, DType::f32, Device::cuda);
+      kernels::dropout_forward(x, 0.5f, key, y);
+      kernels::dropout_forward(dev(x), 0.5f, key, yd);
+      h.expect_same_bytes("dropout_forward tiny" + label, yd, y);
+    }
 }
 
 void case_scale(Harness& h, Random& rng) {
@@ -358,6 +500,150 @@ void case_matmul(Harness& h, Random& rng) {
                                                         : kMatmulF32;
           h.expect_close(label, cd, c32, tol, &size);
         }
+}
+
+void case_conv2d(Harness& h, Random& rng) {
+  struct Case {
+    std::int64_t channels, height, width, kernel, stride, pad, batch;
+  };
+  // 1x1, "same" 3x3 and 5x5 at stride 1 (the host's masked fast path), strided windows, 1x1
+  // windows at stride 2 over pad 1 (some read only padding), one window covering the plane,
+  // non-square planes, one or three samples, and a plane large enough for many blocks.
+  const Case cases[] = {{1, 7, 5, 1, 1, 0, 1},  {5, 9, 6, 3, 1, 1, 3},  {5, 8, 8, 5, 1, 2, 1},
+                        {5, 11, 8, 5, 2, 2, 3}, {1, 6, 10, 3, 2, 0, 3}, {5, 7, 9, 3, 2, 1, 1},
+                        {5, 6, 7, 1, 2, 1, 3},  {1, 5, 5, 5, 1, 0, 3},  {5, 28, 28, 3, 1, 1, 3},
+                        {1, 12, 9, 5, 2, 1, 1}};
+  constexpr std::int64_t kOutChannels = 4;  // the GEMM output's channels
+  for (const Case& s : cases) {
+    kernels::Conv2dGeometry g;
+    g.channels = s.channels;
+    g.height = s.height;
+    g.width = s.width;
+    g.kernel = s.kernel;
+    g.stride = s.stride;
+    g.pad = s.pad;
+    char dims[120];
+    std::snprintf(dims, sizeof dims, " [B=%lld C=%lld %lldx%lld K=%lld S=%lld P=%lld]",
+                  static_cast<long long>(s.batch), static_cast<long long>(s.channels),
+                  static_cast<long long>(s.height), static_cast<long long>(s.width),
+                  static_cast<long long>(s.kernel), static_cast<long long>(s.stride),
+                  static_cast<long long>(s.pad));
+    const std::int64_t positions = g.col_columns(), columns = s.batch * positions;
+    const Shape out_shape{s.batch, kOutChannels, g.out_height(), g.out_width()};
+
+    // im2col only copies (NaN and Inf included) and writes +0 for padding: the same bytes.
+    Tensor x = rng.tensor({s.batch, s.channels, s.height, s.width}, DType::f32);
+    plant_specials(x);
+    Tensor col({g.col_rows(), columns}, DType::f32),
+        cold({g.col_rows(), columns}, DType::f32, Device::cuda);
+    kernels::im2col(x, g, col);
+    kernels::im2col(dev(x), g, cold);
+    h.expect_same_bytes(std::string("im2col") + dims, cold, col);
+
+    // col2im overwrites DX (both start from other values) and sums the taps in the host's
+    // order: the same values.
+    Tensor dcol = rng.tensor({g.col_rows(), columns}, DType::f32);
+    Tensor dcold = dev(dcol);
+    Tensor dx = rng.tensor(x.shape(), DType::f32);
+    Tensor dxd = rng.tensor(x.shape(), DType::f32).to(Device::cuda);
+    kernels::col2im(dcol, g, dx);
+    kernels::col2im(dcold, g, dxd);
+    h.expect_close(std::string("col2im") + dims, dxd, dx, kExact);
+
+    // The GEMM output back to samples, with the bias and optionally the fused ReLU; the NaN at
+    // rows[0, 0] must come out as NaN (sample 0, channel 0, position 0) with the ReLU too.
+    Tensor rows = rng.tensor({kOutChannels, columns}, DType::f32);
+    plant_specials(rows);
+    set_element(rows, 0, kNaN);
+    Tensor bias = rng.tensor({kOutChannels}, DType::f32);
+    Tensor rowsd = dev(rows), biasd = dev(bias);
+    for (bool relu : {false, true}) {
+      Tensor y(out_shape, DType::f32), yd(out_shape, DType::f32, Device::cuda);
+      kernels::channel_rows_to_samples(rows, bias, y, relu);
+      kernels::channel_rows_to_samples(rowsd, biasd, yd, relu);
+      const std::string label =
+          std::string("channel_rows_to_samples") + (relu ? " relu" : "") + dims;
+      h.expect_close(label, yd, y, kExact);
+      h.expect(std::isnan(host_f32(yd).data<float>()[0]), label + ": a NaN stays", "got a number");
+    }
+
+    // Samples back to channel rows, plain or through the ReLU's backward on an output stored
+    // in f32, f16 or bf16 (zeros, signed zeros, subnormals, Inf and NaN planted): a select.
+    Tensor dy = rng.tensor(out_shape, DType::f32);
+    Tensor dyd = dev(dy);
+    for (int mode = 0; mode <= 3; ++mode) {
+      Tensor relu_output, relu_outputd;
+      if (mode > 0) {
+        relu_output = rng.tensor(out_shape, kFloatTypes[mode - 1]);
+        plant_specials(relu_output);
+        relu_outputd = dev(relu_output);
+      }
+      Tensor r({kOutChannels, columns}, DType::f32),
+          rd({kOutChannels, columns}, DType::f32, Device::cuda);
+      kernels::samples_to_channel_rows(dy, r, mode > 0 ? &relu_output : nullptr);
+      kernels::samples_to_channel_rows(dyd, rd, mode > 0 ? &relu_outputd : nullptr);
+      h.expect_same_bytes(std::string("samples_to_channel_rows") +
+                              (mode > 0 ? " relu" + tag(kFloatTypes[mode - 1]) : std::string()) +
+                              dims,
+                          rd, r);
+    }
+
+    // The per-channel bias of one sample [C, P] (one add per element: the same values).
+    Tensor one = rng.tensor({kOutChannels, positions}, DType::f32);
+    Tensor oned = dev(one);
+    kernels::channel_bias_forward(one, bias);
+    kernels::channel_bias_forward(oned, biasd);
+    h.expect_close(std::string("channel_bias_forward") + dims, oned, one, kExact);
+  }
+
+  // The bias gradient: row sums of [C, P], from the conv's block rows up to one long row (many
+  // terms per thread), and more channels than a typical grid row. Relative to sum |dy|.
+  for (auto [channels, length] : {std::pair<std::int64_t, std::int64_t>{4, 3 * 35},
+                                  {5, 1},
+                                  {32, 3 * 784},
+                                  {3, 100003},
+                                  {70000, 7}}) {
+    const std::string dims = " [" + std::to_string(channels) + "x" + std::to_string(length) + "]";
+    Tensor dy = rng.tensor({channels, length}, DType::f32);
+    Tensor dyd = dev(dy);
+    for (bool accumulate : {false, true}) {
+      Tensor db = rng.tensor({channels}, DType::f32);
+      Tensor dbd = dev(db);
+      Tensor size({channels}, DType::f32);
+      for (std::int64_t c = 0; c < channels; ++c) {
+        double total = std::abs(db.data<float>()[c]);
+        for (std::int64_t p = 0; p < length; ++p)
+          total += std::abs(dy.data<float>()[c * length + p]);
+        size.data<float>()[c] = static_cast<float>(total);
+      }
+      kernels::channel_bias_backward(dy, db, accumulate);
+      kernels::channel_bias_backward(dyd, dbd, accumulate);
+      h.expect_close(
+          std::string("channel_bias_backward") + (accumulate ? " accumulate" : "") + dims, dbd, db,
+          kF32Reduction, &size);
+    }
+  }
+}
+
+void case_transpose(Harness& h, Random& rng) {
+  struct Band {
+    std::int64_t rows, columns, begin, count;
+  };
+  // Whole matrices and bands, ragged tiles, one column, and more row tiles than the grid's y
+  // limit (65535 tiles of 32 rows), which the kernel covers by striding.
+  for (const Band b : {Band{256, 1024, 0, 1024}, Band{37, 10, 3, 5}, Band{1000, 333, 300, 33},
+                       Band{33, 65, 64, 1}, Band{2100000, 2, 1, 1}}) {
+    char label[120];
+    std::snprintf(label, sizeof label, "transpose_columns [%lldx%lld] columns %lld..%lld",
+                  static_cast<long long>(b.rows), static_cast<long long>(b.columns),
+                  static_cast<long long>(b.begin), static_cast<long long>(b.begin + b.count));
+    Tensor a = rng.tensor({b.rows, b.columns}, DType::f32);
+    plant_specials(a);
+    Tensor at({b.count, b.rows}, DType::f32), atd({b.count, b.rows}, DType::f32, Device::cuda);
+    kernels::transpose_columns(a, b.begin, at);
+    kernels::transpose_columns(dev(a), b.begin, atd);
+    h.expect_same_bytes(label, atd, at);
+  }
 }
 
 }  // namespace mpt::gpu_test

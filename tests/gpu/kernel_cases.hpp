@@ -27,16 +27,20 @@ void case_adamw(Harness&, Random&);
 void case_add(Harness&, Random&);
 void case_bias(Harness&, Random&);
 void case_cast(Harness&, Random&);
+void case_conv2d(Harness&, Random&);
 void case_copy(Harness&, Random&);
+void case_dropout(Harness&, Random&);
 void case_finite(Harness&, Random&);
 void case_gelu(Harness&, Random&);
 void case_matmul(Harness&, Random&);
 void case_norm(Harness&, Random&);
 void case_normalize(Harness&, Random&);
+void case_pool2d(Harness&, Random&);
 void case_relu(Harness&, Random&);
 void case_scale(Harness&, Random&);
 void case_sgd(Harness&, Random&);
 void case_softmax_xent(Harness&, Random&);
+void case_transpose(Harness&, Random&);
 void case_unscale_check(Harness&, Random&);
 
 inline constexpr KernelCase kKernelCases[] = {
@@ -44,23 +48,23 @@ inline constexpr KernelCase kKernelCases[] = {
     {"add.hpp", "add (residual, gradient accumulation)", CaseStatus::cuda, case_add},
     {"bias.hpp", "bias_add_forward/backward", CaseStatus::cuda, case_bias},
     {"cast.hpp", "cast, round_and_widen", CaseStatus::cuda, case_cast},
+    {"conv2d.hpp", "im2col, col2im, channel rows and bias", CaseStatus::cuda, case_conv2d},
     {"copy.hpp", "copy host<->device", CaseStatus::cuda, case_copy},
+    {"dropout.hpp", "dropout_forward/backward (Philox masks)", CaseStatus::cuda, case_dropout},
     {"finite.hpp", "all_finite", CaseStatus::cuda, case_finite},
     {"gelu.hpp", "gelu_forward/backward", CaseStatus::cuda, case_gelu},
     {"matmul.hpp", "matmul (cuBLASLt)", CaseStatus::cuda, case_matmul},
     {"norm.hpp", "sum_of_squares", CaseStatus::cuda, case_norm},
     {"normalize.hpp", "normalize_u8", CaseStatus::cuda, case_normalize},
+    {"pool2d.hpp", "max/avg_pool2d_forward/backward", CaseStatus::cuda, case_pool2d},
     {"relu.hpp", "relu_forward/backward", CaseStatus::cuda, case_relu},
     {"scale.hpp", "scale_inplace", CaseStatus::cuda, case_scale},
     {"sgd.hpp", "sgd_update", CaseStatus::cuda, case_sgd},
     {"softmax_xent.hpp", "softmax_xent_forward(_backward)", CaseStatus::cuda, case_softmax_xent},
+    {"transpose.hpp", "transpose_columns", CaseStatus::cuda, case_transpose},
     {"unscale_check.hpp", "unscale_and_check", CaseStatus::cuda, case_unscale_check},
-    // Host-only, pending: their CUDA twins (cuDNN for convolution and pooling) come next.
+    // Host-only, pending: its CUDA twin comes next.
     {"batchnorm.hpp", "batchnorm", CaseStatus::host_pending, nullptr},
-    {"conv2d.hpp", "im2col, col2im, channel bias", CaseStatus::host_pending, nullptr},
-    {"dropout.hpp", "dropout", CaseStatus::host_pending, nullptr},
-    {"pool2d.hpp", "max/avg pool2d", CaseStatus::host_pending, nullptr},
-    {"transpose.hpp", "transpose_columns", CaseStatus::host_pending, nullptr},
 };
 
 }  // namespace mpt::gpu_test
