@@ -21,18 +21,29 @@ void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, std::int64_t chann
                            const Tensor& mean, const Tensor& dy_coef, const Tensor& x_coef,
                            const Tensor& bias, Tensor& dx);
 }  // namespace host
+// The CUDA twins (kernels/cuda/batchnorm.cu), same contracts, every tensor on the cuda device.
+namespace cuda {
+void batchnorm_sums(const Tensor& x, std::int64_t channels, Tensor& sums);
+void batchnorm_apply(const Tensor& x, std::int64_t channels, const Tensor& scale,
+                     const Tensor& shift, Tensor& y);
+void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, std::int64_t channels,
+                             const Tensor& mean, const Tensor& invstd, Tensor& sums);
+void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, std::int64_t channels,
+                           const Tensor& mean, const Tensor& dy_coef, const Tensor& x_coef,
+                           const Tensor& bias, Tensor& dx);
+}  // namespace cuda
 
 // SUMS (f32, at least 2C) := per channel c: SUMS[c] = sum of x, SUMS[C + c] = sum of x^2, over
 // the batch and the plane. X holds [N, C, S] for any N; its element count fixes N*S.
 inline void batchnorm_sums(const Tensor& x, std::int64_t channels, Tensor& sums) {
-  if (x.device() != Device::cpu) detail::built_without_cuda("kernels::batchnorm_sums");
+  MPT_DISPATCH_CUDA(x, batchnorm_sums, x, channels, sums);
   host::batchnorm_sums(x, channels, sums);
 }
 
 // Y = X * SCALE[c] + SHIFT[c]. X and Y may have different storage dtypes, and may alias.
 inline void batchnorm_apply(const Tensor& x, std::int64_t channels, const Tensor& scale,
                             const Tensor& shift, Tensor& y) {
-  if (x.device() != Device::cpu) detail::built_without_cuda("kernels::batchnorm_apply");
+  MPT_DISPATCH_CUDA(x, batchnorm_apply, x, channels, scale, shift, y);
   host::batchnorm_apply(x, channels, scale, shift, y);
 }
 
@@ -40,7 +51,7 @@ inline void batchnorm_apply(const Tensor& x, std::int64_t channels, const Tensor
 // with xhat = (x - MEAN[c]) * INVSTD[c].
 inline void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, std::int64_t channels,
                                     const Tensor& mean, const Tensor& invstd, Tensor& sums) {
-  if (x.device() != Device::cpu) detail::built_without_cuda("kernels::batchnorm_backward_sums");
+  MPT_DISPATCH_CUDA(x, batchnorm_backward_sums, x, dy, channels, mean, invstd, sums);
   host::batchnorm_backward_sums(x, dy, channels, mean, invstd, sums);
 }
 
@@ -49,7 +60,7 @@ inline void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, std::int6
 inline void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, std::int64_t channels,
                                   const Tensor& mean, const Tensor& dy_coef, const Tensor& x_coef,
                                   const Tensor& bias, Tensor& dx) {
-  if (x.device() != Device::cpu) detail::built_without_cuda("kernels::batchnorm_backward_dx");
+  MPT_DISPATCH_CUDA(x, batchnorm_backward_dx, x, dy, channels, mean, dy_coef, x_coef, bias, dx);
   host::batchnorm_backward_dx(x, dy, channels, mean, dy_coef, x_coef, bias, dx);
 }
 

@@ -2,6 +2,7 @@
 // copies on the cuda device (the headers dispatch on the device), then compares.
 #include "tests/gpu/kernel_cases.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -10,6 +11,7 @@
 
 #include "kernels/adamw.hpp"
 #include "kernels/add.hpp"
+#include "kernels/batchnorm.hpp"
 #include "kernels/bias.hpp"
 #include "kernels/cast.hpp"
 #include "kernels/conv2d.hpp"
@@ -644,6 +646,172 @@ void case_transpose(Harness& h, Random& rng) {
     kernels::transpose_columns(dev(a), b.begin, atd);
     h.expect_same_bytes(label, atd, at);
   }
+}
+
+void case_batchnorm(Harness& h, Random& rng) {
+  // BatchNorm1d ([N, C]: 1x1 planes) and 2d planes, one to eight samples, one to 16 channels,
+  // the storage dtypes in a Latin square over (samples, channels, plane), the outputs in another.
+  // Values near 100 with a spread of 1: E[x^2] - mean^2 cancels about four digits, the case the
+  // layer's variance formula must survive. The coefficients are made as nn::BatchNorm makes
+  // them, with batch statistics (training) and with running ones (inference).
+  constexpr double kEpsilon = 1e-5;  // nn::BatchNorm's
+  constexpr float kOffset = 100.f;
+  const std::int64_t batches[] = {1, 3, 8}, channel_counts[] = {1, 5, 16};
+  const std::pair<std::int64_t, std::int64_t> planes[] = {{1, 1}, {7, 5}, {28, 28}};
+  for (int bi = 0; bi < 3; ++bi)
+    for (int ci = 0; ci < 3; ++ci)
+      for (int pi = 0; pi < 3; ++pi) {
+        const std::int64_t batch = batches[bi], channels = channel_counts[ci];
+        const auto [height, width] = planes[pi];
+        const std::int64_t plane = height * width, count = batch * plane;
+        const DType in_type = kFloatTypes[(bi + ci + pi) % 3];
+        const DType out_type = kFloatTypes[(bi + 2 * ci + pi + 1) % 3];
+        const Shape shape =
+            plane == 1 ? Shape{batch, channels} : Shape{batch, channels, height, width};
+        char dims[120];
+        std::snprintf(dims, sizeof dims, " [N=%lld C=%lld %lldx%lld %s -> %s]",
+                      static_cast<long long>(batch), static_cast<long long>(channels),
+                      static_cast<long long>(height), static_cast<long long>(width),
+                      dtype_name(in_type), dtype_name(out_type));
+        Tensor x = rng.tensor(shape, in_type, kOffset - 1.f, kOffset + 1.f);
+        const Tensor x32 = host_f32(x);
+        const float* xv = x32.data<float>();
+        const Tensor xd = dev(x);
+        auto at = [&](std::int64_t n, std::int64_t c, std::int64_t s) {
+          return (n * channels + c) * plane + s;
+        };
+
+        // Statistics: sum relative to sum |x|, squares to themselves; then the variance the
+        // layer derives from the device's sums against a two-pass float64 one.
+        Tensor sums({2 * channels}, DType::f32);
+        Tensor sumsd = dev(rng.tensor({2 * channels}, DType::f32));  // overwritten
+        kernels::batchnorm_sums(x, channels, sums);
+        kernels::batchnorm_sums(xd, channels, sumsd);
+        Tensor size({2 * channels}, DType::f32);
+        std::vector<double> exact_var(channels), mean_square(channels);
+        for (std::int64_t c = 0; c < channels; ++c) {
+          double total = 0, squares = 0, centred = 0;
+          for (std::int64_t n = 0; n < batch; ++n)
+            for (std::int64_t s = 0; s < plane; ++s) {
+              total += xv[at(n, c, s)];
+              squares += double{xv[at(n, c, s)]} * xv[at(n, c, s)];
+            }
+          const double mean = total / count;
+          for (std::int64_t n = 0; n < batch; ++n)
+            for (std::int64_t s = 0; s < plane; ++s)
+              centred += (xv[at(n, c, s)] - mean) * (xv[at(n, c, s)] - mean);
+          size.data<float>()[c] = static_cast<float>(std::abs(total));  // x > 0: sum |x|
+          size.data<float>()[channels + c] = static_cast<float>(squares);
+          exact_var[c] = centred / count;
+          mean_square[c] = squares / count;
+        }
+        h.expect_close(std::string("batchnorm_sums") + dims, sumsd, sums, kF32Reduction, &size);
+        {
+          const Tensor got = host_f32(sumsd);
+          double worst = 0;
+          bool ok = true;
+          for (std::int64_t c = 0; c < channels; ++c) {
+            const double mean = got.data<float>()[c] / static_cast<double>(count);
+            const double var = std::max(
+                0.0, got.data<float>()[channels + c] / static_cast<double>(count) - mean * mean);
+            const double error = std::abs(var - exact_var[c]);
+            worst = std::max(worst, error / mean_square[c]);
+            ok = ok && error <= 1e-6 * mean_square[c];
+          }
+          char detail[120];
+          std::snprintf(detail, sizeof detail, "variance off by %.3g * E[x^2]", worst);
+          h.expect(ok, std::string("batchnorm_sums variance") + dims, detail);
+        }
+
+        // Per-channel coefficients as the layer makes them, training (batch statistics) or
+        // inference (running statistics), from the host's sums.
+        const float* hs = sums.data<float>();
+        Tensor gamma = rng.tensor({channels}, DType::f32, 0.5f, 1.5f);
+        Tensor beta = rng.tensor({channels}, DType::f32, -0.5f, 0.5f);
+        Tensor running_mean = rng.tensor({channels}, DType::f32, kOffset - 0.5f, kOffset + 0.5f);
+        Tensor running_var = rng.tensor({channels}, DType::f32, 0.1f, 2.f);
+        Tensor dy = rng.tensor(shape, out_type);
+        const Tensor dyd = dev(dy);
+        for (bool training : {true, false}) {
+          const std::string mode = training ? " training" : " inference";
+          Tensor mean({channels}, DType::f32), invstd({channels}, DType::f32);
+          Tensor scale({channels}, DType::f32), shift({channels}, DType::f32);
+          for (std::int64_t c = 0; c < channels; ++c) {
+            double m = running_mean.data<float>()[c], var = running_var.data<float>()[c];
+            if (training) {
+              m = hs[c] / static_cast<double>(count);
+              var = std::max(0.0, hs[channels + c] / static_cast<double>(count) - m * m);
+            }
+            mean.data<float>()[c] = static_cast<float>(m);
+            invstd.data<float>()[c] = static_cast<float>(1.0 / std::sqrt(var + kEpsilon));
+            const double s = double{gamma.data<float>()[c]} * invstd.data<float>()[c];
+            scale.data<float>()[c] = static_cast<float>(s);
+            shift.data<float>()[c] =
+                static_cast<float>(beta.data<float>()[c] - mean.data<float>()[c] * s);
+          }
+          const Tensor meand = dev(mean), invstdd = dev(invstd), scaled = dev(scale),
+                       shiftd = dev(shift);
+
+          // Apply: x * scale + shift rounded twice (no FMA), as the host: the same bytes, into
+          // another dtype and in place.
+          Tensor y(shape, out_type), yd = dev(rng.tensor(shape, out_type));
+          kernels::batchnorm_apply(x, channels, scale, shift, y);
+          kernels::batchnorm_apply(xd, channels, scaled, shiftd, yd);
+          h.expect_close(std::string("batchnorm_apply") + mode + dims, yd, y, kExact);
+          Tensor same(shape, in_type), in_place = dev(x);
+          kernels::batchnorm_apply(x, channels, scale, shift, same);
+          kernels::batchnorm_apply(in_place, channels, scaled, shiftd, in_place);
+          h.expect_close(std::string("batchnorm_apply in place") + mode + dims, in_place, same,
+                         kExact);
+
+          // Backward sums: sum dy relative to sum |dy|, sum dy * xhat to sum |dy * xhat|.
+          Tensor grad_sums({2 * channels}, DType::f32);
+          Tensor grad_sumsd = dev(rng.tensor({2 * channels}, DType::f32));
+          kernels::batchnorm_backward_sums(x, dy, channels, mean, invstd, grad_sums);
+          kernels::batchnorm_backward_sums(xd, dyd, channels, meand, invstdd, grad_sumsd);
+          const Tensor dy32 = host_f32(dy);
+          Tensor grad_size({2 * channels}, DType::f32);
+          for (std::int64_t c = 0; c < channels; ++c) {
+            double total = 0, centred = 0;
+            for (std::int64_t n = 0; n < batch; ++n)
+              for (std::int64_t s = 0; s < plane; ++s) {
+                const double g = dy32.data<float>()[at(n, c, s)];
+                total += std::abs(g);
+                centred += std::abs(g * (xv[at(n, c, s)] - double{mean.data<float>()[c]}));
+              }
+            grad_size.data<float>()[c] = static_cast<float>(total);
+            grad_size.data<float>()[channels + c] =
+                static_cast<float>(centred * invstd.data<float>()[c]);
+          }
+          h.expect_close(std::string("batchnorm_backward_sums") + mode + dims, grad_sumsd,
+                         grad_sums, kF32Reduction, &grad_size);
+
+          // Backward dx with the layer's coefficients (inference: only the dy term), from the
+          // host's sums: every operation rounded as on the host, so the same bytes; in place too.
+          Tensor dy_coef({channels}, DType::f32), x_coef({channels}, DType::f32),
+              bias({channels}, DType::f32);
+          for (std::int64_t c = 0; c < channels; ++c) {
+            const double g = double{gamma.data<float>()[c]} * invstd.data<float>()[c];
+            const float* gs = grad_sums.data<float>();
+            dy_coef.data<float>()[c] = static_cast<float>(g);
+            x_coef.data<float>()[c] =
+                training
+                    ? static_cast<float>(-g * invstd.data<float>()[c] * gs[channels + c] / count)
+                    : 0.f;
+            bias.data<float>()[c] = training ? static_cast<float>(-g * gs[c] / count) : 0.f;
+          }
+          const Tensor dy_coefd = dev(dy_coef), x_coefd = dev(x_coef), biasd = dev(bias);
+          Tensor dx(shape, out_type), dxd = dev(rng.tensor(shape, out_type));
+          kernels::batchnorm_backward_dx(x, dy, channels, mean, dy_coef, x_coef, bias, dx);
+          kernels::batchnorm_backward_dx(xd, dyd, channels, meand, dy_coefd, x_coefd, biasd, dxd);
+          h.expect_close(std::string("batchnorm_backward_dx") + mode + dims, dxd, dx, kExact);
+          Tensor dx_in_place = dev(dy);
+          kernels::batchnorm_backward_dx(xd, dx_in_place, channels, meand, dy_coefd, x_coefd, biasd,
+                                         dx_in_place);
+          h.expect_close(std::string("batchnorm_backward_dx in place") + mode + dims, dx_in_place,
+                         dx, kExact);
+        }
+      }
 }
 
 }  // namespace mpt::gpu_test

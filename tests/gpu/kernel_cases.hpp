@@ -25,6 +25,7 @@ struct KernelCase {
 
 void case_adamw(Harness&, Random&);
 void case_add(Harness&, Random&);
+void case_batchnorm(Harness&, Random&);
 void case_bias(Harness&, Random&);
 void case_cast(Harness&, Random&);
 void case_conv2d(Harness&, Random&);
@@ -46,6 +47,8 @@ void case_unscale_check(Harness&, Random&);
 inline constexpr KernelCase kKernelCases[] = {
     {"adamw.hpp", "adamw_update", CaseStatus::cuda, case_adamw},
     {"add.hpp", "add (residual, gradient accumulation)", CaseStatus::cuda, case_add},
+    {"batchnorm.hpp", "batchnorm sums, apply, backward sums and dx", CaseStatus::cuda,
+     case_batchnorm},
     {"bias.hpp", "bias_add_forward/backward", CaseStatus::cuda, case_bias},
     {"cast.hpp", "cast, round_and_widen", CaseStatus::cuda, case_cast},
     {"conv2d.hpp", "im2col, col2im, channel rows and bias", CaseStatus::cuda, case_conv2d},
@@ -63,8 +66,6 @@ inline constexpr KernelCase kKernelCases[] = {
     {"softmax_xent.hpp", "softmax_xent_forward(_backward)", CaseStatus::cuda, case_softmax_xent},
     {"transpose.hpp", "transpose_columns", CaseStatus::cuda, case_transpose},
     {"unscale_check.hpp", "unscale_and_check", CaseStatus::cuda, case_unscale_check},
-    // Host-only, pending: its CUDA twin comes next.
-    {"batchnorm.hpp", "batchnorm", CaseStatus::host_pending, nullptr},
 };
 
 }  // namespace mpt::gpu_test

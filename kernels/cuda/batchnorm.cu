@@ -1,0 +1,210 @@
+// CUDA batch normalisation kernels (see kernels/batchnorm.hpp). The per-channel sums run one
+// thread block per channel: double sums per thread, then a fixed shared-memory tree, so the
+// result does not depend on scheduling (no atomics). The elementwise passes are one thread per
+// element with explicit roundings, so they are the host's f32 arithmetic bit for bit.
+#include <algorithm>
+
+#include "kernels/batchnorm.hpp"
+#include "kernels/cuda/common.cuh"
+
+namespace mpt::kernels::cuda {
+namespace {
+
+void check_batch(const char* op, const char* what, const Tensor& t, std::int64_t channels) {
+  detail::require(t.defined() && t.device() == Device::cuda && is_float_dtype(t.dtype()) &&
+                      t.rank() >= 1 && channels > 0 && t.numel() % channels == 0,
+                  op, what, t);
+}
+void check_channels(const char* op, const char* what, const Tensor& t, std::int64_t channels) {
+  detail::require(
+      t.defined() && t.device() == Device::cuda && t.dtype() == DType::f32 && t.numel() >= channels,
+      op, what, t);
+}
+void check_sums(const char* op, const Tensor& sums, std::int64_t channels) {
+  detail::require(sums.defined() && sums.device() == Device::cuda && sums.dtype() == DType::f32 &&
+                      sums.numel() >= 2 * channels,
+                  op, "sums must be f32 with at least 2C elements on the cuda device", sums);
+}
+void check_same(const char* op, const Tensor& a, const Tensor& b) {
+  detail::require_pair(a.numel() == b.numel(), op, "tensors must have the same element count", a,
+                       b);
+}
+
+// The batch seen as N planes per channel, as on the host: planes = N*C, plane = S.
+struct Layout {
+  std::int64_t batch, planes, plane;
+};
+Layout layout(const Tensor& x, std::int64_t channels) {
+  const std::int64_t batch = x.dim(0);
+  return {batch, batch * channels, batch == 0 ? 0 : x.numel() / (batch * channels)};
+}
+
+// Float storage as the device lambdas and kernels read and write it: f32, or 16-bit (f16 or
+// bf16) widened and rounded as the host converters do.
+struct Storage {
+  void* data;
+  bool is_16, is_f16;
+};
+Storage storage(const Tensor& t) {
+  return {const_cast<void*>(t.raw()), t.dtype() != DType::f32, t.dtype() == DType::f16};
+}
+__device__ inline float load(const Storage& s, std::int64_t i) {
+  return s.is_16 ? widen16(static_cast<const std::uint16_t*>(s.data)[i], s.is_f16)
+                 : static_cast<const float*>(s.data)[i];
+}
+__device__ inline void store(const Storage& s, std::int64_t i, float value) {
+  if (s.is_16)
+    static_cast<std::uint16_t*>(s.data)[i] = round16(value, s.is_f16);
+  else
+    static_cast<float*>(s.data)[i] = value;
+}
+
+// Channels beyond the grid limit are covered by striding.
+constexpr std::int64_t kMaxChannelBlocks = 65535;
+
+// Block-wide sum of two doubles per thread into FIRST[0] and SECOND[0], tree in a fixed order.
+__device__ inline void block_sum_pair(double* first, double* second) {
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.x) < half) {
+      first[threadIdx.x] += first[threadIdx.x + half];
+      second[threadIdx.x] += second[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+}
+
+// SUMS[c] = sum of x, SUMS[C + c] = sum of x^2 over channel c's N planes of PLANE elements.
+// Each square is taken in double: exact for f32 inputs, so only the additions round.
+__global__ void sums_kernel(Storage x, std::int64_t channels, std::int64_t batch,
+                            std::int64_t plane, float* sums) {
+  __shared__ double sum[kThreads], squares[kThreads];
+  const std::int64_t count = batch * plane;
+  for (std::int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
+    double s = 0, q = 0;
+    for (std::int64_t e = threadIdx.x; e < count; e += kThreads) {
+      const std::int64_t n = e / plane, at = e - n * plane;
+      const double v = load(x, (n * channels + c) * plane + at);
+      s += v;
+      q += v * v;
+    }
+    sum[threadIdx.x] = s;
+    squares[threadIdx.x] = q;
+    block_sum_pair(sum, squares);
+    if (threadIdx.x == 0) {
+      sums[c] = static_cast<float>(sum[0]);
+      sums[channels + c] = static_cast<float>(squares[0]);
+    }
+    __syncthreads();  // sum[0] is read before the next channel overwrites it
+  }
+}
+
+// SUMS[c] = sum of dy, SUMS[C + c] = INVSTD[c] * sum of dy * (x - MEAN[c]). Each term in double
+// (the host takes it in f32, then sums in double), the sum times invstd in double, rounded once.
+__global__ void backward_sums_kernel(Storage x, Storage dy, std::int64_t channels,
+                                     std::int64_t batch, std::int64_t plane, const float* mean,
+                                     const float* invstd, float* sums) {
+  __shared__ double sum[kThreads], centred[kThreads];
+  const std::int64_t count = batch * plane;
+  for (std::int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
+    const double centre = mean[c];
+    double s = 0, t = 0;
+    for (std::int64_t e = threadIdx.x; e < count; e += kThreads) {
+      const std::int64_t n = e / plane, at = e - n * plane;
+      const std::int64_t i = (n * channels + c) * plane + at;
+      const double g = load(dy, i);
+      s += g;
+      t += g * (load(x, i) - centre);
+    }
+    sum[threadIdx.x] = s;
+    centred[threadIdx.x] = t;
+    block_sum_pair(sum, centred);
+    if (threadIdx.x == 0) {
+      sums[c] = static_cast<float>(sum[0]);
+      sums[channels + c] = static_cast<float>(centred[0] * invstd[c]);
+    }
+    __syncthreads();
+  }
+}
+
+unsigned channel_blocks(std::int64_t channels) {
+  return static_cast<unsigned>(std::min(channels, kMaxChannelBlocks));
+}
+
+}  // namespace
+
+void batchnorm_sums(const Tensor& x, std::int64_t channels, Tensor& sums) {
+  constexpr const char* op = "kernels::cuda::batchnorm_sums";
+  check_batch(op, "x must be [N, C, ...] f32, f16 or bf16 on the cuda device", x, channels);
+  check_sums(op, sums, channels);
+  const Layout l = layout(x, channels);
+  sums_kernel<<<channel_blocks(channels), kThreads, 0, stream()>>>(storage(x), channels, l.batch,
+                                                                   l.plane, sums.data<float>());
+  check_launch(op);
+}
+
+void batchnorm_apply(const Tensor& x, std::int64_t channels, const Tensor& scale,
+                     const Tensor& shift, Tensor& y) {
+  constexpr const char* op = "kernels::cuda::batchnorm_apply";
+  check_batch(op, "x must be [N, C, ...] f32, f16 or bf16 on the cuda device", x, channels);
+  check_batch(op, "y must be f32, f16 or bf16 on the cuda device", y, channels);
+  check_same(op, x, y);
+  check_channels(op, "scale must be f32 [C] on the cuda device", scale, channels);
+  check_channels(op, "shift must be f32 [C] on the cuda device", shift, channels);
+  const Layout l = layout(x, channels);
+  const Storage in = storage(x), out = storage(y);  // may alias: each thread reads, then writes
+  const float* a = scale.data<float>();
+  const float* b = shift.data<float>();
+  const std::int64_t plane = l.plane;
+  // x * k + d rounded twice, as the host (nvcc would contract it into one FMA).
+  launch_elementwise(op, l.planes * plane, [=] __device__(std::int64_t i) {
+    const std::int64_t c = i / plane % channels;
+    store(out, i, __fadd_rn(__fmul_rn(load(in, i), a[c]), b[c]));
+  });
+}
+
+void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, std::int64_t channels,
+                             const Tensor& mean, const Tensor& invstd, Tensor& sums) {
+  constexpr const char* op = "kernels::cuda::batchnorm_backward_sums";
+  check_batch(op, "x must be [N, C, ...] f32, f16 or bf16 on the cuda device", x, channels);
+  check_batch(op, "dy must be f32, f16 or bf16 on the cuda device", dy, channels);
+  check_same(op, x, dy);
+  check_channels(op, "mean must be f32 [C] on the cuda device", mean, channels);
+  check_channels(op, "invstd must be f32 [C] on the cuda device", invstd, channels);
+  check_sums(op, sums, channels);
+  const Layout l = layout(x, channels);
+  backward_sums_kernel<<<channel_blocks(channels), kThreads, 0, stream()>>>(
+      storage(x), storage(dy), channels, l.batch, l.plane, mean.data<float>(), invstd.data<float>(),
+      sums.data<float>());
+  check_launch(op);
+}
+
+void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, std::int64_t channels,
+                           const Tensor& mean, const Tensor& dy_coef, const Tensor& x_coef,
+                           const Tensor& bias, Tensor& dx) {
+  constexpr const char* op = "kernels::cuda::batchnorm_backward_dx";
+  check_batch(op, "x must be [N, C, ...] f32, f16 or bf16 on the cuda device", x, channels);
+  check_batch(op, "dy must be f32, f16 or bf16 on the cuda device", dy, channels);
+  check_batch(op, "dx must be f32, f16 or bf16 on the cuda device", dx, channels);
+  check_same(op, x, dy);
+  check_same(op, dy, dx);
+  for (const Tensor* t : {&mean, &dy_coef, &x_coef, &bias})
+    check_channels(op, "per-channel coefficients must be f32 [C] on the cuda device", *t, channels);
+  const Layout l = layout(x, channels);
+  const Storage in = storage(x), grad_out = storage(dy), grad_in = storage(dx);  // dx may alias dy
+  const float* m = mean.data<float>();
+  const float* k1 = dy_coef.data<float>();
+  const float* k2 = x_coef.data<float>();
+  const float* k3 = bias.data<float>();
+  const std::int64_t plane = l.plane;
+  // (k1 * dy + k2 * (x - mean)) + k3, every operation rounded as on the host (no FMA).
+  launch_elementwise(op, l.planes * plane, [=] __device__(std::int64_t i) {
+    const std::int64_t c = i / plane % channels;
+    const float g = load(grad_out, i), v = load(in, i);
+    const float value =
+        __fadd_rn(__fadd_rn(__fmul_rn(k1[c], g), __fmul_rn(k2[c], __fsub_rn(v, m[c]))), k3[c]);
+    store(grad_in, i, value);
+  });
+}
+
+}  // namespace mpt::kernels::cuda
