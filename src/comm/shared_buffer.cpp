@@ -4,8 +4,10 @@
 #include <sys/statvfs.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <string>
 
 #include "core/error.hpp"
 
@@ -15,8 +17,12 @@ namespace {
 // Each part is padded to this, so that the next rank's part starts on its own cache line and
 // a kernel may round its last vector up as it does with a Tensor's own allocation.
 constexpr std::size_t kPartAlign = 64;
-// Where Open MPI's osc/sm component backs MPI_Win_allocate_shared (osc_sm_backing_directory).
-constexpr const char* kShmDirectory = "/dev/shm";
+// Where Open MPI's osc/sm component backs MPI_Win_allocate_shared: its MCA parameter
+// osc_sm_backing_directory when set in the environment, else its default.
+std::string backing_directory() {
+  const char* set = std::getenv("OMPI_MCA_osc_sm_backing_directory");
+  return set != nullptr && *set != '\0' ? set : "/dev/shm";
+}
 
 std::size_t padded(std::size_t bytes) {
   return (bytes + kPartAlign - 1) / kPartAlign * kPartAlign + kPartAlign;
@@ -69,9 +75,10 @@ bool SharedBuffer::holds(const void* pointer, std::size_t bytes) const {
 bool SharedBuffer::fits(const Topology& topology, std::size_t bytes, std::string* why) {
   // Local rank 0 looks and tells the others, so that the whole node decides alike.
   long long free_bytes = -1;  // -1: no such file system
+  const std::string directory = backing_directory();
   if (topology.local_rank() == 0) {
     struct statvfs fs {};
-    if (statvfs(kShmDirectory, &fs) == 0)
+    if (statvfs(directory.c_str(), &fs) == 0)
       free_bytes = static_cast<long long>(fs.f_bavail) * static_cast<long long>(fs.f_frsize);
   }
   MPT_CHECK_MPI(MPI_Bcast(&free_bytes, 1, MPI_LONG_LONG, 0, topology.node()));
@@ -79,9 +86,9 @@ bool SharedBuffer::fits(const Topology& topology, std::size_t bytes, std::string
   // A quarter spare: Open MPI's own segments (vader, the all-reduce's window) live there too.
   const bool room = free_bytes >= 0 && needed + needed / 4 <= free_bytes;
   if (!room && why != nullptr) {
-    *why = free_bytes < 0 ? std::string(kShmDirectory) + " is not there"
-                          : std::string(kShmDirectory) + " has " +
-                                std::to_string(free_bytes >> 20) + " MiB free and the node needs " +
+    *why = free_bytes < 0 ? directory + " is not there"
+                          : directory + " has " + std::to_string(free_bytes >> 20) +
+                                " MiB free and the node needs " +
                                 std::to_string((needed + needed / 4) >> 20) + " MiB";
   }
   return room;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -318,6 +319,11 @@ TEST(SharedBuffer, EveryRankSeesEveryPartOfItsNode) {
   EXPECT_TRUE(SharedBuffer::fits(topology, 1 << 20, &why)) << why;
   EXPECT_FALSE(SharedBuffer::fits(topology, std::size_t{1} << 50, &why));
   EXPECT_NE(why.find("/dev/shm"), std::string::npos) << why;
+  // The directory Open MPI backs its windows in, when the environment moves it.
+  ASSERT_EQ(setenv("OMPI_MCA_osc_sm_backing_directory", "/nonexistent-shm-dir", 1), 0);
+  EXPECT_FALSE(SharedBuffer::fits(topology, 64, &why));
+  unsetenv("OMPI_MCA_osc_sm_backing_directory");
+  EXPECT_NE(why.find("/nonexistent-shm-dir is not there"), std::string::npos) << why;
   MPI_Barrier(topology.node());  // no rank frees before every peer has read
 }
 
