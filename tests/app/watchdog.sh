@@ -61,19 +61,23 @@ else
   fail "slow checkpoint: rc $rc, $warnings warnings"; tail -5 "$TMP/err" >&2
 fi
 
+# slow_rank_run TIMEOUT: 3 steps with rank 1 1.5 s late in every forward, under
+# --comm.stall-timeout=TIMEOUT; sets rc.
+slow_rank_run() {
+  rc=0
+  MPTRAIN_FAULT=slow-rank:1:1500 timeout 120 "$MPIEXEC" -n 2 "$MPTRAIN" train "${COMMON[@]}" \
+    --train.max-steps=3 --comm.stall-timeout="$1" >"$TMP/out" 2>"$TMP/err" || rc=$?
+}
+
 # 0 turns the watchdog off: a rank 1.5 s late in every forward never trips it.
-rc=0
-MPTRAIN_FAULT=slow-rank:1:1500 timeout 120 "$MPIEXEC" -n 2 "$MPTRAIN" train "${COMMON[@]}" \
-  --train.max-steps=3 --comm.stall-timeout=0 >"$TMP/out" 2>"$TMP/err" || rc=$?
+slow_rank_run 0
 if [ "$rc" -eq 0 ] && ! grep -q watchdog "$TMP/err"; then
   pass "--comm.stall-timeout=0: no watchdog"
 else
   fail "--comm.stall-timeout=0: rc $rc"; tail -3 "$TMP/err" >&2
 fi
 # ... while 1 s trips on the same run, naming rank 1's slow forward.
-rc=0
-MPTRAIN_FAULT=slow-rank:1:1500 timeout 120 "$MPIEXEC" -n 2 "$MPTRAIN" train "${COMMON[@]}" \
-  --train.max-steps=3 --comm.stall-timeout=1 >"$TMP/out" 2>"$TMP/err" || rc=$?
+slow_rank_run 1
 if [ "$rc" -eq 4 ] && grep -q 'not arrived: rank 1 (step 1, forward' "$TMP/err"; then
   pass "--comm.stall-timeout=1 trips on a 1.5 s forward"
 else
