@@ -89,7 +89,7 @@ comm::AllreduceConfig config_for(const std::string& algo, DType dtype,
   config.shm_segment_bytes = command.shm_segment_bytes;
   config.rail_batch_bytes = command.rail_batch_bytes;
   config.algorithm = algo == "flat-mpi" ? comm::Algorithm::flat_mpi : comm::Algorithm::hierarchical;
-  config.intra = algo == "hierarchical-mpi" ? comm::IntraBackend::mpi : comm::IntraBackend::shm;  // shm, shm-reg
+  config.intra = algo == "hierarchical-mpi" ? comm::IntraBackend::mpi : comm::IntraBackend::shm;
   config.wire = dtype;
   return config;
 }

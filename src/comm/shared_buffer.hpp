@@ -34,9 +34,10 @@ class SharedBuffer {
   bool holds(const void* pointer, std::size_t bytes) const;
 
   // Collective over TOPOLOGY's node, the same answer on every rank of it: whether the node's
-  // shared-memory file system (where Open MPI backs its windows: $OMPI_MCA_osc_sm_backing_directory,
-  // else /dev/shm) has room for BYTES per local rank, with a margin. A container's 64 MiB /dev/shm is the case this catches:
-  // pages past its size fault with SIGBUS when first touched. When not, WHY says so in a line.
+  // shared-memory file system (where Open MPI backs its windows:
+  // $OMPI_MCA_osc_sm_backing_directory, else /dev/shm) has room for BYTES per local rank, with
+  // a margin. A container's 64 MiB /dev/shm is the case this catches: pages past its size fault
+  // with SIGBUS when first touched. When not, WHY says so in a line.
   static bool fits(const Topology& topology, std::size_t bytes, std::string* why);
 
  private:

@@ -532,16 +532,14 @@ struct ResumePoint {
   std::int64_t written_world_size = 0, written_batch = 0, written_accumulate = 0;
 };
 
-// Rank 0: the checkpoint --resume names, verified (every checksum) and its weights checked
-// against this model (the buffers are checked as they load); nullopt for --resume=none, or auto with no checkpoint yet (a fresh start).
 // The gradients in the node's shared-memory window, where the hierarchical shm all-reduce sums
 // straight out of the peers' buffers (one copy pass a step fewer; docs/architecture.md,
 // "Registered gradients"). Collective over the node. Null, and the gradients stay where they
 // are, for every other algorithm, a node of one rank, a 16-bit wire under f32 gradients (the
-// copy-in converts anyway), or when /dev/shm lacks the room (said once, by the root).
+// copy-in converts anyway), or when /dev/shm lacks the room (said by the node's first rank:
+// nodes decide one by one).
 std::shared_ptr<comm::SharedBuffer> share_gradients(nn::Model& model, const comm::Topology& topology,
-                                                    const comm::AllreduceConfig& allreduce,
-                                                    bool root) {
+                                                    const comm::AllreduceConfig& allreduce) {
   Tensor& grads = model.grads();
   if (allreduce.algorithm != comm::Algorithm::hierarchical ||
       allreduce.intra != comm::IntraBackend::shm || topology.local_size() == 1 ||
@@ -549,10 +547,10 @@ std::shared_ptr<comm::SharedBuffer> share_gradients(nn::Model& model, const comm
     return nullptr;
   std::string why;
   if (!comm::SharedBuffer::fits(topology, grads.size_bytes(), &why)) {
-    if (root)
-      std::printf("mptrain: note: the gradients stay in private memory (%s), so the shm "
-                  "all-reduce copies them in first\n",
-                  why.c_str());
+    if (topology.local_rank() == 0)
+      std::printf("mptrain: note: node %d: the gradients stay in private memory (%s), so the "
+                  "shm all-reduce copies them in first\n",
+                  topology.node_index(), why.c_str());
     return nullptr;
   }
   auto shared = std::make_shared<comm::SharedBuffer>(topology, grads.size_bytes());
@@ -560,6 +558,8 @@ std::shared_ptr<comm::SharedBuffer> share_gradients(nn::Model& model, const comm
   return shared;
 }
 
+// Rank 0: the checkpoint --resume names, verified (every checksum) and its weights checked
+// against this model (the buffers are checked as they load); nullopt for --resume=none, or auto with no checkpoint yet (a fresh start).
 std::optional<ckpt::LoadedCheckpoint> load_for_resume(const RunConfig& config, nn::Model& model,
                                                       const data::DatasetInfo& info) {
   const std::string& resume = config.checkpoint.resume;
@@ -855,7 +855,7 @@ TrainSummary Trainer::run() {
     return static_cast<std::int64_t>(megabytes * (1 << 20));
   };
   const std::shared_ptr<comm::SharedBuffer> shared_grads =
-      share_gradients(*model, topology, allreduce, root);
+      share_gradients(*model, topology, allreduce);
   state_->reducer.emplace(topology, allreduce, model->grads(), model->param_offsets(),
                           mib(config.comm.bucket_mb), mib(config.comm.first_bucket_mb),
                           shared_grads);
