@@ -5,10 +5,18 @@
 #include "comm/allreduce.hpp"
 
 #include <sched.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
+#include <climits>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -23,11 +31,36 @@ namespace {
 constexpr std::int64_t kMaxMpiCount = std::int64_t{1} << 30;
 // The shm segment is split into two halves of a multiple of this many bytes.
 constexpr std::int64_t kShmAlign = 64;
-// Each segment starts with this rank's barrier counter, alone in its cache lines.
+// Each segment starts with this rank's barrier counter and, a cache line further, the number of
+// peers asleep on it; both alone in their cache lines.
 constexpr std::int64_t kFlagBytes = 128;
-// Spins on a peer's barrier counter before yielding the core (to that peer, when it waits for
-// one: ranks often outnumber free cores, and a spinning waiter would delay the rank it waits on).
+constexpr std::int64_t kSleepersOffset = 64;
+// How a node barrier waits for a late peer, after spinning on its counter a while. When
+// the machine has a core per rank, by sleeping until the peer's arrival wakes it (a futex on
+// the counter's shared page): the core then belongs to whatever else this rank runs (backward,
+// while a communication thread reduces buckets), and the waiter is back the moment the peer
+// arrives, where a yielding waiter would wait out compute's time slice. When ranks outnumber
+// the cores, by yielding: the thread that gets this core is then most likely the peer itself,
+// and a futex's sleep and wake-up would cost more than the barrier (a longer spin, too).
+constexpr int kSpinsBeforeSleep = 1024;
 constexpr int kSpinsBeforeYield = 256;
+
+#ifdef __linux__
+// The futex word of a barrier counter: its low 32 bits, which change at every barrier.
+std::uint32_t* futex_word(std::uint64_t* counter) {
+  return reinterpret_cast<std::uint32_t*>(counter) + (std::endian::native == std::endian::little ? 0 : 1);
+}
+// Sleeps while *WORD == EXPECTED (the kernel checks it atomically with queueing the sleeper),
+// at most 200 ms, a safety net: the caller re-checks either way, and the peer's arrival wakes
+// it long before. Not FUTEX_PRIVATE: the window's pages are shared between processes.
+void futex_sleep(std::uint32_t* word, std::uint32_t expected) {
+  timespec timeout{0, 200'000'000};
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, &timeout, nullptr, 0);
+}
+void futex_wake_all(std::uint32_t* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+#endif
 
 std::uint8_t* bytes(void* data) { return static_cast<std::uint8_t*>(data); }
 std::size_t offset(std::int64_t elements, std::size_t element_size) {
@@ -186,6 +219,8 @@ struct Allreducer::Impl {
   MPI_Win window = MPI_WIN_NULL;
   std::vector<std::uint8_t*> segments;  // each past its counter
   std::vector<std::uint64_t*> counters;
+  std::vector<std::uint32_t*> sleepers;  // how many peers sleep on each rank's counter
+  bool ranks_share_cores = false;  // more ranks on this machine than cores: wait by yielding
   std::uint64_t barriers = 0;  // node barriers passed: the same count on every rank of the node
   std::int64_t half_bytes = 0;
   int half = 0;
@@ -216,19 +251,26 @@ Allreducer::Impl::Impl(const Topology& topology, const AllreduceConfig& config)
   MPT_CHECK_MPI(MPI_Info_free(&info));
   segments.resize(static_cast<std::size_t>(local_size));
   counters.resize(static_cast<std::size_t>(local_size));
+  sleepers.resize(static_cast<std::size_t>(local_size));
   for (int local = 0; local < local_size; ++local) {
     MPI_Aint size = 0;
     int unit = 0;
     void* pointer = nullptr;
     MPT_CHECK_MPI(MPI_Win_shared_query(window, local, &size, &unit, &pointer));
     counters[static_cast<std::size_t>(local)] = static_cast<std::uint64_t*>(pointer);
+    sleepers[static_cast<std::size_t>(local)] =
+        reinterpret_cast<std::uint32_t*>(static_cast<std::uint8_t*>(pointer) + kSleepersOffset);
     segments[static_cast<std::size_t>(local)] = static_cast<std::uint8_t*>(pointer) + kFlagBytes;
   }
   // One passive epoch for the window's lifetime: loads and stores go straight to memory, and
   // node_barrier() orders them (MPI_Win_sync is a memory barrier for the unified model).
   MPT_CHECK_MPI(MPI_Win_lock_all(MPI_MODE_NOCHECK, window));
-  std::atomic_ref<std::uint64_t>(*counters[static_cast<std::size_t>(topology.local_rank())])
-      .store(0, std::memory_order_release);
+  ranks_share_cores = config.barrier_wait == BarrierWait::yield ||
+                      (config.barrier_wait == BarrierWait::automatic &&
+                       topology.device_peers() > sysconf(_SC_NPROCESSORS_ONLN));
+  const auto me = static_cast<std::size_t>(topology.local_rank());
+  std::atomic_ref<std::uint64_t>(*counters[me]).store(0, std::memory_order_release);
+  std::atomic_ref<std::uint32_t>(*sleepers[me]).store(0, std::memory_order_release);
   MPT_CHECK_MPI(MPI_Win_sync(window));
   MPT_CHECK_MPI(MPI_Barrier(topology.node()));  // every counter is 0 before any barrier
   MPT_CHECK_MPI(MPI_Win_sync(window));
@@ -347,24 +389,45 @@ void Allreducer::Impl::node_barrier() {
   // waits until every peer's counter reaches it (a peer may already be one further: >=). Release
   // and acquire order the slot stores before the counter and the peers' slot loads after it;
   // MPI_Win_sync is the MPI-3 memory barrier for the same, kept so that the window's use stays
-  // within the unified model. Unlike MPI_Barrier, a waiter yields its core after a short spin,
-  // which matters when ranks outnumber the free cores.
+  // within the unified model. Unlike MPI_Barrier, a waiter that spun briefly gives its core up
+  // (see kSpinsBeforeSleep), which matters when ranks and their communication threads outnumber the
+  // free cores.
   MPT_CHECK_MPI(MPI_Win_sync(window));
   ++barriers;
   const auto me = static_cast<std::size_t>(topology.local_rank());
-  std::atomic_ref<std::uint64_t>(*counters[me]).store(barriers, std::memory_order_release);
+  std::atomic_ref<std::uint64_t>(*counters[me]).store(barriers, std::memory_order_seq_cst);
+#ifdef __linux__
+  // Dekker with the sleeper's side below: a sleeper raises the count, then reads the counter;
+  // this rank stores the counter, then reads the count (all seq_cst). Either the sleeper sees
+  // the new counter, or this rank sees it asleep and wakes it (or makes its FUTEX_WAIT return:
+  // the kernel compares the word when it queues the sleeper).
+  if (std::atomic_ref<std::uint32_t>(*sleepers[me]).load(std::memory_order_seq_cst) != 0)
+    futex_wake_all(futex_word(counters[me]));
+#endif
   for (std::size_t peer = 0; peer < counters.size(); ++peer) {
     if (peer == me) continue;
     const std::atomic_ref<std::uint64_t> counter(*counters[peer]);
-    for (int spins = 0; counter.load(std::memory_order_acquire) < barriers; ++spins) {
-      if (spins < kSpinsBeforeYield) {
+    const auto arrived = [&] { return counter.load(std::memory_order_acquire) >= barriers; };
+    const int spin_limit = ranks_share_cores ? kSpinsBeforeYield : kSpinsBeforeSleep;
+    for (int spins = 0; spins < spin_limit && !arrived(); ++spins) {
 #if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
+      __builtin_ia32_pause();
 #endif
-      } else {
-        sched_yield();
-      }
     }
+    if (arrived()) continue;
+#ifdef __linux__
+    if (ranks_share_cores) {
+      while (!arrived()) sched_yield();
+      continue;
+    }
+    const std::atomic_ref<std::uint32_t> asleep(*sleepers[peer]);
+    asleep.fetch_add(1, std::memory_order_seq_cst);
+    for (std::uint64_t seen; (seen = counter.load(std::memory_order_seq_cst)) < barriers;)
+      futex_sleep(futex_word(counters[peer]), static_cast<std::uint32_t>(seen));
+    asleep.fetch_sub(1, std::memory_order_seq_cst);
+#else
+    while (!arrived()) sched_yield();
+#endif
   }
   MPT_CHECK_MPI(MPI_Win_sync(window));
 }

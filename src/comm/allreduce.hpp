@@ -33,6 +33,12 @@ struct CommOptions {
 
 enum class Algorithm { flat_mpi, hierarchical };
 enum class IntraBackend { mpi, shm };
+// How the shm backend's node barrier waits for a late peer once a short spin is over: sleep (a
+// futex the peer's arrival wakes: the core goes to the rank's other threads, such as backward
+// beside a communication thread) or yield (the core goes to whatever else is runnable, most
+// likely a peer rank when ranks outnumber cores). automatic: yield when the machine has more
+// ranks than cores, else sleep.
+enum class BarrierWait { automatic, sleep, yield };
 
 struct AllreduceConfig {
   Algorithm algorithm = Algorithm::flat_mpi;
@@ -52,6 +58,7 @@ struct AllreduceConfig {
   // chunks, at least one) and sends each owned shard's pieces in one rail all-reduce: one call
   // per chunk cost latency that one node does not pay (docs/architecture.md).
   std::int64_t rail_batch_bytes = std::int64_t{2} << 20;
+  BarrierWait barrier_wait = BarrierWait::automatic;
 };
 
 const char* algorithm_name(Algorithm algorithm);  // "flat-mpi", "hierarchical"

@@ -33,6 +33,7 @@ Topology::Topology(MPI_Comm world, int ranks_per_node) : world_(world) {
   MPI_Comm shared = MPI_COMM_NULL;
   MPT_CHECK_MPI(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &shared));
   MPT_CHECK_MPI(MPI_Comm_rank(shared, &device_rank_));
+  MPT_CHECK_MPI(MPI_Comm_size(shared, &device_peers_));
   int shared_leader = rank_;  // lowest world rank of the domain names it
   MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &shared_leader, 1, MPI_INT, MPI_MIN, shared));
 

@@ -44,6 +44,8 @@ class Topology {
   int num_nodes() const { return num_nodes_; }
   // Local rank in the real shared-memory domain, whatever RANKS_PER_NODE says: the GPU binding.
   int device_rank() const { return device_rank_; }
+  // Ranks in this rank's real shared-memory domain (the machine), emulated nodes or not.
+  int device_peers() const { return device_peers_; }
   // True when every node's ranks share memory (always, for K = 0). Agreed over the world, so
   // that every rank resolves the same algorithm.
   bool shm_capable() const { return shm_capable_; }
@@ -64,7 +66,8 @@ class Topology {
   MPI_Comm node_ = MPI_COMM_NULL;
   std::vector<MPI_Comm> rails_;  // indexed by shard - first_shard_
   int rank_ = 0, size_ = 1;
-  int local_rank_ = 0, local_size_ = 1, node_index_ = 0, num_nodes_ = 1, device_rank_ = 0;
+  int local_rank_ = 0, local_size_ = 1, node_index_ = 0, num_nodes_ = 1, device_rank_ = 0,
+      device_peers_ = 1;
   int num_shards_ = 1, first_shard_ = 0, end_shard_ = 1;
   bool shm_capable_ = true, uniform_ = true;
 };

@@ -298,6 +298,48 @@ TEST(AllreduceAlgorithms, RegisteredBuffersCanBeRewrittenAsSoonAsACallReturns) {
   }
 }
 
+TEST(AllreduceAlgorithms, NodeBarriersWakeSleepingAndYieldingWaiters) {
+  // Rank 0 comes late to every call, so the other ranks wait past their spin in its node
+  // barriers: under sleep they sleep on rank 0's counter and its arrival must wake them, under
+  // yield they yield until it comes. Sums are checked every call, on registered data too. A
+  // lost wake-up costs the sleeper's 200 ms safety timeout: one per call would take 8 s here,
+  // where the whole loop needs well under one.
+  for (const BarrierWait wait : {BarrierWait::sleep, BarrierWait::yield}) {
+    SCOPED_TRACE(wait == BarrierWait::sleep ? "sleep" : "yield");
+    const Topology topology(MPI_COMM_WORLD, 0);
+    AllreduceConfig config;
+    config.algorithm = Algorithm::hierarchical;
+    config.intra = IntraBackend::shm;
+    config.shm_segment_bytes = 512;
+    config.barrier_wait = wait;
+    Allreducer allreducer(topology, config);
+    const std::int64_t capacity = 2000;
+    auto shared = std::make_shared<SharedBuffer>(topology, capacity * sizeof(float));
+    Tensor registered = Tensor::adopt(shared->data(), {capacity}, DType::f32, shared);
+    allreducer.register_buffer(shared);
+    const float ranks = static_cast<float>(world_size());
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = MPI_Wtime();
+    for (int call = 0; call < 40; ++call) {
+      const std::int64_t count = 1 + (call * 97) % capacity;
+      Tensor private_data({count}, DType::f32);
+      Tensor data = call % 2 ? Tensor::view(registered, 0, {count}) : private_data;
+      for (std::int64_t i = 0; i < count; ++i)
+        data.data<float>()[i] = static_cast<float>((world_rank() + 1) * (i % 89 + call));
+      if (world_rank() == 0) {
+        const double until = MPI_Wtime() + 0.001;
+        while (MPI_Wtime() < until) {
+        }
+      }
+      allreducer.allreduce(data);
+      for (std::int64_t i = 0; i < count; ++i)
+        ASSERT_EQ(data.data<float>()[i], ranks * (ranks + 1) / 2 * static_cast<float>(i % 89 + call))
+            << "call " << call << " index " << i;
+    }
+    EXPECT_LT(MPI_Wtime() - start, 6.0) << "node barriers waited out their safety timeout";
+  }
+}
+
 TEST(SharedBuffer, EveryRankSeesEveryPartOfItsNode) {
   const Topology topology(MPI_COMM_WORLD, 2);
   SharedBuffer shared(topology, 100 * sizeof(int));
