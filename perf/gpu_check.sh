@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One-shot GPU check for a bare GPU machine (issue #8): configure, build, run tests/gpu and
-# perf/gpu/gpu_bench, run the same mlp in PyTorch AMP (perf/pytorch_gpu.py) and a PyTorch GEMM
-# peer, and print a table of mptrain/PyTorch ratios (also to $OUT/gpu_check.txt when $OUT is
-# set). Needs: the CUDA toolkit (nvcc), CMake >= 3.25, a C++20 compiler, python3 with torch.
+# perf/gpu/gpu_bench (the mlp, then the cnn), run the same models in PyTorch AMP
+# (perf/pytorch_gpu.py) and a PyTorch GEMM peer, and print a table of mptrain/PyTorch ratios
+# (also to $OUT/gpu_check.txt when $OUT is set). Needs: the CUDA toolkit (nvcc), CMake >= 3.25,
+# a C++20 compiler, python3 with torch.
 # Builds the GPU-only subset unless MPI, HDF5, Boost and Kokkos are all present. Aims to finish
 # in about 1-2 minutes on one H200 (62 s on 2026-11-29); every stage has its own timeout.
 set -uo pipefail
@@ -92,12 +93,18 @@ fi
 
 stage "gpu_bench (steps $steps, batch $batch)"
 timeout 240 "$build/perf/gpu/gpu_bench" --steps "$steps" --batch "$batch" | tee "$build/gpu_bench.log"
+# The cnn as nn::Model (no kernel-level step, no GEMMs); its own run, so that a failure of the
+# conv, pooling or BN device paths leaves the mlp figures above intact.
+timeout 240 "$build/perf/gpu/gpu_bench" --model cnn --no-gemm --steps "$steps" --batch "$batch" \
+  | tee -a "$build/gpu_bench.log"
 
 stage "PyTorch peers (perf/pytorch_gpu.py and torch.matmul)"
 : > "$build/pytorch.log"
-for precision in fp32 fp16 bf16; do
-  timeout 120 "$python" perf/pytorch_gpu.py --model mlp --batch "$batch" --steps "$steps" \
-    --precision "$precision" 2>&1 | tee -a "$build/pytorch.log"
+for model in mlp cnn; do
+  for precision in fp32 fp16 bf16; do
+    timeout 120 "$python" perf/pytorch_gpu.py --model "$model" --batch "$batch" --steps "$steps" \
+      --precision "$precision" 2>&1 | tee -a "$build/pytorch.log"
+  done
 done
 timeout 120 "$python" - <<'PY' 2>&1 | tee -a "$build/pytorch.log"
 import torch
@@ -127,13 +134,15 @@ field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
   echo
   echo "| model | precision | batch | mptrain nn::Model samples/s | mptrain-kernels samples/s | PyTorch samples/s | nn::Model / PyTorch | kernels / PyTorch |"
   echo "|---|---|---|---|---|---|---|---|"
-  for precision in fp32 fp16 bf16; do
-    model=$(grep "mptrain-model model=mlp precision=$precision " "$build/gpu_bench.log" | field samples_per_s)
-    ours=$(grep "mptrain-kernels model=mlp precision=$precision " "$build/gpu_bench.log" | field samples_per_s)
-    theirs=$(grep "pytorch model=mlp precision=$precision " "$build/pytorch.log" | field samples_per_s)
-    ratio_model=$(awk -v a="$model" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
-    ratio=$(awk -v a="$ours" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
-    echo "| mlp | $precision | $batch | ${model:-n/a} | ${ours:-n/a} | ${theirs:-n/a} | $ratio_model | $ratio |"
+  for name in mlp cnn; do
+    for precision in fp32 fp16 bf16; do
+      model=$(grep "mptrain-model model=$name precision=$precision " "$build/gpu_bench.log" | field samples_per_s)
+      ours=$(grep "mptrain-kernels model=$name precision=$precision " "$build/gpu_bench.log" | field samples_per_s)
+      theirs=$(grep "pytorch model=$name precision=$precision " "$build/pytorch.log" | field samples_per_s)
+      ratio_model=$(awk -v a="$model" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
+      ratio=$(awk -v a="$ours" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
+      echo "| $name | $precision | $batch | ${model:-n/a} | ${ours:-n/a} | ${theirs:-n/a} | $ratio_model | $ratio |"
+    done
   done
   echo
   echo "| GEMM m=n=k | precision | mptrain cuBLASLt TFLOP/s | torch.matmul TFLOP/s | ratio |"

@@ -9,6 +9,8 @@
 //        mptrain-kernels model=mlp precision=fp16 batch=256 steps=200 samples_per_s=123.4
 //   3. The same mlp as nn::Model on Device::cuda with optim::Sgd, as the trainer steps it:
 //        mptrain-model model=mlp precision=fp16 batch=256 steps=200 samples_per_s=123.4
+//      With --model cnn (or resnet-mini) that model instead, on 28x28 one-channel samples, and
+//      no kernel-level step (2 exists for the mlp only).
 // perf/gpu_check.sh runs it beside perf/pytorch_gpu.py (the same model in PyTorch AMP).
 #include <cuda_runtime_api.h>
 
@@ -187,12 +189,14 @@ double bench_mlp(DType dtype, std::int64_t batch, int steps, int warmup) {
   return static_cast<double>(batch) * steps / seconds;
 }
 
-// The same mlp as the real nn::Model on Device::cuda: Model::forward/backward, the loss, the
-// unscale of the 16-bit gradients into the FP32 master gradients (fp16: loss scale 1024 and
-// the overflow check; bf16: scale 1), and optim::Sgd with the fused recast, as the trainer
-// steps. Dense layers feed 16-bit activations and weights straight to cuBLASLt.
-double bench_model(DType dtype, std::int64_t batch, int steps, int warmup) {
-  nn::Model model = nn::Model::build("mlp", {1, 28, 28}, 10, dtype, Device::cuda);
+// The model NAME (the mlp by default) as the real nn::Model on Device::cuda:
+// Model::forward/backward, the loss, the unscale of the 16-bit gradients into the FP32 master
+// gradients (fp16: loss scale 1024 and the overflow check; bf16: scale 1), and optim::Sgd with
+// the fused recast, as the trainer steps. Dense layers feed 16-bit activations and weights
+// straight to cuBLASLt.
+double bench_model(const std::string& name, DType dtype, std::int64_t batch, int steps,
+                   int warmup) {
+  nn::Model model = nn::Model::build(name, {1, 28, 28}, 10, dtype, Device::cuda);
   model.init_params(42);
   model.plan(batch);
   optim::SgdOptions options;
@@ -229,6 +233,7 @@ int run(int argc, char** argv) {
   int steps = 200, warmup = 20;
   std::int64_t batch = 256;
   bool gemm = true;
+  std::string model = "mlp";
   std::vector<DType> precisions{DType::f32, DType::f16, DType::bf16};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -240,9 +245,12 @@ int run(int argc, char** argv) {
     else if (arg == "--warmup") warmup = std::stoi(value());
     else if (arg == "--batch") batch = std::stoll(value());
     else if (arg == "--no-gemm") gemm = false;
+    else if (arg == "--model") model = value();
     else if (arg == "--precision") precisions = {dtype_from_name(value(), "--precision")};
     else if (arg == "--help") {
-      std::printf("usage: gpu_bench [--steps N] [--warmup N] [--batch B] [--precision fp32|fp16|bf16] [--no-gemm]\n");
+      std::printf(
+          "usage: gpu_bench [--steps N] [--warmup N] [--batch B] [--precision fp32|fp16|bf16] "
+          "[--model mlp|cnn|resnet-mini] [--no-gemm]\n");
       return 0;
     } else {
       throw_user_error("unknown option " + arg, "see gpu_bench --help");
@@ -250,22 +258,25 @@ int run(int argc, char** argv) {
   }
   MPT_REQUIRE(steps > 0 && warmup >= 0 && batch > 0, "--steps/--warmup/--batch",
               "steps and batch must be positive");
+  MPT_REQUIRE(model == "mlp" || model == "cnn" || model == "resnet-mini",
+              "--model '" + model + "' is not a model gpu_bench knows",
+              "use mlp, cnn or resnet-mini");
   if (device_memory::cuda_device_count() == 0) {
     std::printf("gpu_bench: SKIPPED: no CUDA device (%s)\n", device_memory::cuda_device_description().c_str());
     return 0;
   }
   std::printf("gpu_bench on %s\n", device_memory::cuda_device_description().c_str());
   if (gemm) bench_gemm();
-  for (DType dtype : precisions) {
+  for (DType dtype : model == "mlp" ? precisions : std::vector<DType>{}) {
     const double rate = bench_mlp(dtype, batch, steps, warmup);
     std::printf("mptrain-kernels model=mlp precision=%s batch=%lld steps=%d samples_per_s=%.1f\n",
                 precision_name(dtype), static_cast<long long>(batch), steps, rate);
     std::fflush(stdout);
   }
   for (DType dtype : precisions) {
-    const double rate = bench_model(dtype, batch, steps, warmup);
-    std::printf("mptrain-model model=mlp precision=%s batch=%lld steps=%d samples_per_s=%.1f\n",
-                precision_name(dtype), static_cast<long long>(batch), steps, rate);
+    const double rate = bench_model(model, dtype, batch, steps, warmup);
+    std::printf("mptrain-model model=%s precision=%s batch=%lld steps=%d samples_per_s=%.1f\n",
+                model.c_str(), precision_name(dtype), static_cast<long long>(batch), steps, rate);
     std::fflush(stdout);
   }
   return 0;

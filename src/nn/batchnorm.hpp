@@ -24,6 +24,9 @@ class BatchNorm final : public Layer {
   std::vector<ParamSpec> param_specs() const override;
   std::vector<BufferSpec> buffer_specs() const override;
   std::int64_t scratch_bytes() const override;
+  // On the cuda device the kernels get a device copy of the per-channel scratch, and gamma,
+  // beta and the running statistics a host copy for the per-channel arithmetic.
+  void set_device(Device device) override;
 
   // Training: normalises with the batch's (global, under a stats reducer) mean and biased
   // variance and moves the running statistics; else normalises with the running statistics.
@@ -36,12 +39,29 @@ class BatchNorm final : public Layer {
   std::int64_t channels() const { return channels_; }
 
  private:
+  // The per-channel scratch's layout (f32, one allocation of 13C + 1): sums (2C + 1: the count
+  // rides along; sum dy then sum dy * xhat after backward), mean, invstd, scale, shift, the
+  // three dx coefficients, then the parameter gradients dgamma and dbeta (2C).
+  struct ScratchViews {
+    Tensor sums, sum_dy, sum_dy_xhat, mean, invstd, scale, shift, dy_coef, x_coef, bias;
+    Tensor dgamma, dbeta;
+    Tensor forward_coefs, backward_coefs;  // mean..shift (4C) and the dx coefficients (3C)
+  };
+  static ScratchViews views_of(const Tensor& scratch, std::int64_t channels);
+  // VALUES (f32 [C]) readable on the host: their own data on the host, else copied into
+  // HOST_COPY (a synchronisation).
+  static float* on_host(Tensor& values, Tensor& host_copy);
+
   std::int64_t channels_, plane_;
-  // f32 per-channel scratch, one allocation: sums (2C + 1: the count rides along), mean,
-  // invstd, scale, shift, the three dx coefficients and the parameter gradients (2C).
+  // Always on the host, where the per-channel arithmetic (C values, in double) runs.
   Tensor scratch_;
-  Tensor sums_, mean_, invstd_, scale_, shift_, dy_coef_, x_coef_, bias_, grads_f32_;
-  Tensor dgamma_view_, dbeta_view_;
+  ScratchViews host_;
+  // The same layout where the kernels run (scratch_ itself on the host, a device copy on the
+  // cuda device): sums and coefficients cross over in one copy each way.
+  Tensor kernel_scratch_;
+  ScratchViews kernel_;
+  // On the cuda device only: host copies of gamma, beta and the running statistics (4C).
+  Tensor host_copies_, gamma_host_, beta_host_, running_mean_host_, running_var_host_;
   bool last_training_ = false;
   double last_count_ = 0;  // values per channel in the last training forward (all ranks)
 };

@@ -68,14 +68,15 @@ void Conv2d::plan(std::int64_t max_batch, DType precision) {
                                 : std::max<std::int64_t>(1, kBlockColumnElements / per_sample);
   block_ = std::max<std::int64_t>(1, std::min(block_, std::max<std::int64_t>(1, max_batch)));
   const std::int64_t columns = block_ * geometry_.col_columns();
-  col_ = Tensor({geometry_.col_rows(), columns}, DType::f32);
-  rows_ = Tensor({out_channels_, columns}, DType::f32);
+  // On the model's device, like the activations they stage (Layer::set_device).
+  col_ = Tensor({geometry_.col_rows(), columns}, DType::f32, device_);
+  rows_ = Tensor({out_channels_, columns}, DType::f32, device_);
   const std::int64_t in = block_ * geometry_.channels * geometry_.height * geometry_.width;
   const std::int64_t out = block_ * out_channels_ * geometry_.col_columns();
-  staging_.plan(precision, {in, out, out, in});
+  staging_.plan(precision, device_, {in, out, out, in});
   if (precision != DType::f32) {
-    weight_grad_ = Tensor({out_channels_, geometry_.col_rows()}, DType::f32);
-    bias_grad_ = Tensor({out_channels_}, DType::f32);
+    weight_grad_ = Tensor({out_channels_, geometry_.col_rows()}, DType::f32, device_);
+    bias_grad_ = Tensor({out_channels_}, DType::f32, device_);
   }
 }
 

@@ -3,8 +3,6 @@
 // nothing; only a flatten of the model's input itself copies.
 #pragma once
 
-#include <cstring>
-
 #include "kernels/cast.hpp"
 #include "nn/nn.hpp"
 
@@ -22,12 +20,12 @@ class FlattenLayer final : public Layer {
 
   void forward(const Tensor& x, Tensor& y, bool) override {
     if (y.raw() == x.raw()) return;
-    // Only as the first layer: the model's f32 input into a buffer of the model's precision.
-    if (y.dtype() != x.dtype()) return kernels::cast(x, y);
-    std::memcpy(y.raw(), x.raw(), x.size_bytes());
+    // Only as the first layer: the model's f32 input into a buffer of the model's precision (a
+    // plain copy under f32, on either device).
+    kernels::cast(x, y);
   }
   void backward(const Tensor&, const Tensor&, const Tensor& dy, Tensor* dx) override {
-    if (dx && dx->raw() != dy.raw()) std::memcpy(dx->raw(), dy.raw(), dy.size_bytes());
+    if (dx && dx->raw() != dy.raw()) kernels::cast(dy, *dx);
   }
 };
 

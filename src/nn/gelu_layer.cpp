@@ -1,6 +1,9 @@
-// GELU layer: the whole batch in one kernel call under f32, one sample at a time through f32
-// staging under 16-bit storage. The backward needs the forward's input X, not its output.
+// GELU layer: the whole batch in one kernel call under f32, runs of samples through f32 staging
+// under 16-bit storage (one sample on the host). The backward needs the forward's input X, not
+// its output.
 #include "nn/gelu_layer.hpp"
+
+#include <algorithm>
 
 #include "kernels/gelu.hpp"
 
@@ -16,16 +19,20 @@ double GeluLayer::flops_per_sample(const Shape& input_shape) const {
   return 4.0 * static_cast<double>(shape_numel(input_shape));
 }
 
-void GeluLayer::plan(std::int64_t, DType precision) {
-  staging_.plan(precision, {sample_numel_, sample_numel_, sample_numel_, sample_numel_});
+void GeluLayer::plan(std::int64_t max_batch, DType precision) {
+  run_ = SampleStaging::run_samples(device_, sample_numel_, max_batch);
+  const std::int64_t n = run_ * sample_numel_;
+  staging_.plan(precision, device_, {n, n, n, n});
 }
 
 void GeluLayer::forward(const Tensor& x, Tensor& y, bool) {
   const bool f32 = x.dtype() == DType::f32 && y.dtype() == DType::f32;
-  const std::int64_t samples = f32 ? 1 : x.dim(0), n = f32 ? x.numel() : sample_numel_;
-  for (std::int64_t s = 0; s < samples; ++s) {
-    const Tensor& x_f32 = staging_.read(x, s, n, kInSlot);
-    kernels::gelu_forward(x_f32, staging_.write(y, s, n, kOutSlot));
+  const std::int64_t batch = x.dim(0), run = f32 ? std::max<std::int64_t>(1, batch) : run_;
+  const std::int64_t n = sample_numel_;
+  for (std::int64_t first = 0; first < batch; first += run) {
+    const std::int64_t count = std::min(run, batch - first);
+    const Tensor& x_f32 = staging_.read_run(x, first, count, n, kInSlot);
+    kernels::gelu_forward(x_f32, staging_.write_run(y, first, count, n, kOutSlot));
     staging_.commit(kOutSlot);
   }
 }
@@ -33,11 +40,13 @@ void GeluLayer::forward(const Tensor& x, Tensor& y, bool) {
 void GeluLayer::backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) {
   if (!dx) return;
   const bool f32 = x.dtype() == DType::f32 && dy.dtype() == DType::f32;
-  const std::int64_t samples = f32 ? 1 : x.dim(0), n = f32 ? x.numel() : sample_numel_;
-  for (std::int64_t s = 0; s < samples; ++s) {
-    const Tensor& x_f32 = staging_.read(x, s, n, kInSlot);
-    const Tensor& dy_f32 = staging_.read(dy, s, n, kDoutSlot);
-    kernels::gelu_backward(x_f32, dy_f32, staging_.write(*dx, s, n, kDinSlot));
+  const std::int64_t batch = x.dim(0), run = f32 ? std::max<std::int64_t>(1, batch) : run_;
+  const std::int64_t n = sample_numel_;
+  for (std::int64_t first = 0; first < batch; first += run) {
+    const std::int64_t count = std::min(run, batch - first);
+    const Tensor& x_f32 = staging_.read_run(x, first, count, n, kInSlot);
+    const Tensor& dy_f32 = staging_.read_run(dy, first, count, n, kDoutSlot);
+    kernels::gelu_backward(x_f32, dy_f32, staging_.write_run(*dx, first, count, n, kDinSlot));
     staging_.commit(kDinSlot);
   }
 }

@@ -24,6 +24,7 @@ class GeluLayer final : public Layer {
 
  private:
   std::int64_t sample_numel_;
+  std::int64_t run_ = 1;  // samples per staged run under 16-bit storage
   SampleStaging staging_;
 };
 

@@ -82,13 +82,19 @@ Model Model::build(const std::string& name_or_spec, const Shape& sample_shape, i
   model.precision_ = precision;
   model.device_ = device;
   const std::string spec = format_model_spec(layer_specs);
-  // The layers whose kernels all have CUDA twins (docs/gpu.md); the rest are host-only so far.
+  // The layers whose kernels all have CUDA twins and whose scratch follows the model's device
+  // (docs/gpu.md). A new layer kind stays host-only until it is added here and to gpu_model.
   if (device != Device::cpu)
-    for (const auto& item : layer_specs)
-      MPT_REQUIRE(item.kind == "dense" || item.kind == "relu" || item.kind == "flatten",
-                  "--model.layers '" + spec + "': layer '" + item.kind +
-                      "' has no CUDA kernels yet",
-                  "use dense, relu and flatten layers on the cuda device, or --device=cpu");
+    for (const auto& item : layer_specs) {
+      static constexpr std::string_view kOnDevice[] = {"dense",   "relu",    "flatten", "conv",
+                                                       "maxpool", "avgpool", "gap",     "bn",
+                                                       "gelu",    "dropout", "resblock"};
+      MPT_REQUIRE(
+          std::find(std::begin(kOnDevice), std::end(kOnDevice), item.kind) != std::end(kOnDevice),
+          "--model.layers '" + spec + "': layer '" + item.kind + "' has no CUDA path yet",
+          "use dense, conv, pooling, bn, relu, gelu, dropout, resblock and flatten "
+          "layers on the cuda device, or --device=cpu");
+    }
   // Spatial layers see samples as (C,H,W); without any, the input is flattened implicitly, so
   // "dense:..." specs behave as they always have.
   bool spatial = false;
@@ -160,6 +166,7 @@ Model Model::build(const std::string& name_or_spec, const Shape& sample_shape, i
     } else {
       layer = std::make_unique<ReluLayer>(name);
     }
+    layer->set_device(device);
     shape = layer->output_shape(shape);
     for (const auto& param : layer->param_specs()) total_params += shape_numel(param.shape);
     for (const auto& buffer : layer->buffer_specs()) total_buffers += shape_numel(buffer.shape);

@@ -135,6 +135,9 @@ class Layer {
 
   // Gives the layer the model's f32 scratch for 16-bit activations (null under f32).
   virtual void set_workspace(ComputeWorkspace* workspace) { workspace_ = workspace; }
+  // Says where the model's tensors live (cpu unless told), so that plan() allocates the
+  // layer's own scratch there too; called once by Model::build, before binding and plan().
+  virtual void set_device(Device device) { device_ = device; }
   // Gives the layer the model's step context (stats reducer, RNG key); null: none.
   virtual void set_context(const StepContext* context) { context_ = context; }
 
@@ -163,6 +166,7 @@ class Layer {
   Tensor& buffer_value(std::size_t index) { return buffers_[index].value; }
   ComputeWorkspace* workspace_ = nullptr;
   const StepContext* context_ = nullptr;
+  Device device_ = Device::cpu;
 
  private:
   std::string name_;
@@ -184,7 +188,8 @@ class Model {
   // PRECISION (f32, f16 or bf16; anything else aborts, the CLI validates the option) is the
   // storage type of the working weights, the activations and the gradients; layers compute in
   // f32 either way, and the logits are f32.
-  // DEVICE: where every buffer of the model lives (cuda: dense, relu, flatten layers only).
+  // DEVICE: where every buffer of the model lives. On cuda every layer kind runs (docs/gpu.md);
+  // BatchNorm reads its per-channel sums back to the host each pass (a synchronisation).
   static Model build(const std::string& name_or_spec, const Shape& sample_shape, int num_classes,
                      DType precision = DType::f32, Device device = Device::cpu);
 

@@ -1,6 +1,8 @@
 // Pooling layers: the whole batch in one kernel call under f32 (a batch is a run of planes);
-// under 16-bit storage one sample at a time through f32 staging.
+// under 16-bit storage runs of samples through f32 staging (one sample on the host).
 #include "nn/pool2d_layer.hpp"
+
+#include <algorithm>
 
 #include "core/error.hpp"
 
@@ -55,10 +57,11 @@ double Pool2dLayer::flops_per_sample(const Shape&) const {
                              geometry_.kernel_h * geometry_.kernel_w);
 }
 
-void Pool2dLayer::plan(std::int64_t, DType precision) {
+void Pool2dLayer::plan(std::int64_t max_batch, DType precision) {
   const std::int64_t in = channels_ * geometry_.height * geometry_.width;
   const std::int64_t out = channels_ * geometry_.out_height() * geometry_.out_width();
-  staging_.plan(precision, {in, out, out, in});
+  run_ = SampleStaging::run_samples(device_, in, max_batch);
+  staging_.plan(precision, device_, {run_ * in, run_ * out, run_ * out, run_ * in});
 }
 
 void Pool2dLayer::forward(const Tensor& x, Tensor& y, bool) {
@@ -66,11 +69,11 @@ void Pool2dLayer::forward(const Tensor& x, Tensor& y, bool) {
   const std::int64_t out = channels_ * geometry_.out_height() * geometry_.out_width();
   const bool f32 = x.dtype() == DType::f32 && y.dtype() == DType::f32;
   // Under f32 the batch is one run of planes: a single call.
-  const std::int64_t samples = f32 ? 1 : x.dim(0);
-  const std::int64_t in_n = f32 ? x.numel() : in, out_n = f32 ? y.numel() : out;
-  for (std::int64_t s = 0; s < samples; ++s) {
-    const Tensor& x_f32 = staging_.read(x, s, in_n, kInSlot);
-    Tensor& y_f32 = staging_.write(y, s, out_n, kOutSlot);
+  const std::int64_t batch = x.dim(0), run = f32 ? std::max<std::int64_t>(1, batch) : run_;
+  for (std::int64_t first = 0; first < batch; first += run) {
+    const std::int64_t count = std::min(run, batch - first);
+    const Tensor& x_f32 = staging_.read_run(x, first, count, in, kInSlot);
+    Tensor& y_f32 = staging_.write_run(y, first, count, out, kOutSlot);
     if (mode_ == PoolMode::max)
       kernels::max_pool2d_forward(x_f32, geometry_, y_f32);
     else
@@ -84,13 +87,14 @@ void Pool2dLayer::backward(const Tensor& x, const Tensor&, const Tensor& dy, Ten
   const std::int64_t in = channels_ * geometry_.height * geometry_.width;
   const std::int64_t out = channels_ * geometry_.out_height() * geometry_.out_width();
   const bool f32 = x.dtype() == DType::f32 && dy.dtype() == DType::f32;
-  const std::int64_t samples = f32 ? 1 : x.dim(0);
-  const std::int64_t in_n = f32 ? x.numel() : in, out_n = f32 ? dy.numel() : out;
-  for (std::int64_t s = 0; s < samples; ++s) {
-    const Tensor& dy_f32 = staging_.read(dy, s, out_n, kDoutSlot);
-    Tensor& dx_f32 = staging_.write(*dx, s, in_n, kDinSlot);
+  const std::int64_t batch = x.dim(0), run = f32 ? std::max<std::int64_t>(1, batch) : run_;
+  for (std::int64_t first = 0; first < batch; first += run) {
+    const std::int64_t count = std::min(run, batch - first);
+    const Tensor& dy_f32 = staging_.read_run(dy, first, count, out, kDoutSlot);
+    Tensor& dx_f32 = staging_.write_run(*dx, first, count, in, kDinSlot);
     if (mode_ == PoolMode::max)
-      kernels::max_pool2d_backward(staging_.read(x, s, in_n, kInSlot), geometry_, dy_f32, dx_f32);
+      kernels::max_pool2d_backward(staging_.read_run(x, first, count, in, kInSlot), geometry_,
+                                   dy_f32, dx_f32);
     else
       kernels::avg_pool2d_backward(geometry_, dy_f32, dx_f32);
     staging_.commit(kDinSlot);

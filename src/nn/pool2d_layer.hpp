@@ -33,6 +33,7 @@ class Pool2dLayer final : public Layer {
   PoolMode mode_;
   std::int64_t channels_;
   kernels::Pool2dGeometry geometry_;
+  std::int64_t run_ = 1;  // samples per staged run under 16-bit storage
   SampleStaging staging_;
 };
 

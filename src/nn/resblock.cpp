@@ -131,6 +131,11 @@ void ResBlock::set_workspace(ComputeWorkspace* workspace) {
   for (auto& child : children_) child->set_workspace(workspace);
 }
 
+void ResBlock::set_device(Device device) {
+  Layer::set_device(device);
+  for (auto& child : children_) child->set_device(device);
+}
+
 void ResBlock::set_context(const StepContext* context) {
   Layer::set_context(context);
   for (auto& child : children_) child->set_context(context);
@@ -142,7 +147,7 @@ void ResBlock::plan(std::int64_t max_batch, DType precision) {
     buffer.shape = shape;
     Shape full{max_batch};
     full.insert(full.end(), shape.begin(), shape.end());
-    buffer.planned = Tensor(full, precision);
+    buffer.planned = Tensor(full, precision, device_);
     buffer.view = Tensor();
   };
   for (Buffer* b : {&conv1_out_, &bn1_out_, &conv2_out_, &grad_sum_, &grad_a_, &grad_b_})

@@ -26,6 +26,7 @@ class ResBlock final : public Layer {
   void plan(std::int64_t max_batch, DType precision) override;
   std::int64_t scratch_bytes() const override;
   void set_workspace(ComputeWorkspace* workspace) override;
+  void set_device(Device device) override;
   void set_context(const StepContext* context) override;
   std::vector<Row> child_rows() const override;
 

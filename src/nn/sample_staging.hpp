@@ -4,6 +4,7 @@
 // so the step allocates nothing.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -16,15 +17,27 @@ class SampleStaging {
  public:
   static constexpr std::size_t kSlots = 4;
 
-  // Reserves f32 scratch for the given elements per slot; nothing under f32 storage.
-  void plan(DType precision, const std::array<std::int64_t, kSlots>& slot_elements) {
+  // Samples per staged run for a layer on DEVICE with N elements a sample and batches of up to
+  // MAX_BATCH: one on the host (a sample stays in cache); on the cuda device as many as fill
+  // 2^20 floats (4 MiB a slot, conv's block size), so that a 16-bit batch costs a few launches
+  // rather than a few per sample.
+  static std::int64_t run_samples(Device device, std::int64_t n, std::int64_t max_batch) {
+    if (device == Device::cpu) return 1;
+    const std::int64_t fit = (std::int64_t{1} << 20) / std::max<std::int64_t>(1, n);
+    return std::max<std::int64_t>(1, std::min(fit, max_batch));
+  }
+
+  // Reserves f32 scratch on DEVICE (the layer's tensors' device) for the given elements per
+  // slot; nothing under f32 storage.
+  void plan(DType precision, Device device, const std::array<std::int64_t, kSlots>& slot_elements) {
     if (precision == DType::f32) return;
     std::int64_t total = 0;
     for (std::size_t i = 0; i < kSlots; ++i) {
       offsets_[i] = total;
       total += slot_elements[i];
     }
-    if (scratch_.numel() < total) scratch_ = Tensor({total}, DType::f32);
+    if (scratch_.numel() < total || scratch_.device() != device)
+      scratch_ = Tensor({total}, DType::f32, device);
   }
   std::int64_t scratch_bytes() const {
     return scratch_.defined() ? static_cast<std::int64_t>(scratch_.size_bytes()) : 0;

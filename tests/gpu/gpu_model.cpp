@@ -1,13 +1,20 @@
-// tests/gpu: the mlp as nn::Model on the cuda device against the same model on the host, in
-// fp32, fp16 and bf16: same initialisation, same batch; logits after forward and every
-// parameter gradient after backward must agree in relative L2 norm (tolerances: docs/gpu.md).
-// Skipped (exit 77) without a CUDA device.
+// tests/gpu: nn::Model on the cuda device against the same model on the host, in fp32, fp16
+// and bf16: same initialisation, same batch. The mlp: logits after forward and every parameter
+// gradient after backward. The cnn, resnet-mini and a spec with the remaining layer kinds: also
+// the loss, the BN running statistics, one SGD step and the logits after it. All in relative L2
+// norm (tolerances: docs/gpu.md). Skipped (exit 77) without a CUDA device.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/device_memory.hpp"
 #include "kernels/softmax_xent.hpp"
+#include "kernels/unscale_check.hpp"
 #include "nn/nn.hpp"
+#include "optim/optim.hpp"
 #include "tests/gpu/harness.hpp"
 
 #ifdef MPTRAIN_HAVE_KOKKOS
@@ -41,15 +48,18 @@ void check_model(Harness& h, Random& rng, DType dtype, double tol) {
            std::string("model init on cuda = host [") + dtype_name(dtype) + "]");
   Tensor x = rng.tensor({batch, 1, 28, 28}, DType::f32);
   Tensor labels({batch}, DType::i32);
-  for (std::int64_t i = 0; i < batch; ++i) labels.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng.next() % 10);
+  for (std::int64_t i = 0; i < batch; ++i)
+    labels.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng.next() % 10);
   const Tensor& host_logits = host.forward(x, true);
   const Tensor& device_logits = device.forward(x.to(Device::cuda), true);
   const double logits_error = relative_error(device_logits, host_logits);
   char detail[96];
   std::snprintf(detail, sizeof detail, "relative error %.3g > %.3g", logits_error, tol);
-  h.expect(logits_error <= tol, std::string("model forward logits [") + dtype_name(dtype) + "]", detail);
+  h.expect(logits_error <= tol, std::string("model forward logits [") + dtype_name(dtype) + "]",
+           detail);
   Tensor dlogits(host_logits.shape(), DType::f32);
-  kernels::softmax_xent_forward_backward(host_logits, labels, dlogits, 1.f / static_cast<float>(batch));
+  kernels::softmax_xent_forward_backward(host_logits, labels, dlogits,
+                                         1.f / static_cast<float>(batch));
   host.backward(dlogits);
   device.backward(dlogits.to(Device::cuda));
   const auto host_params = host.named_working_params();
@@ -62,13 +72,126 @@ void check_model(Harness& h, Random& rng, DType dtype, double tol) {
   }
 }
 
+// ||v|| of a tensor, widened to f32 on the host.
+double norm(const Tensor& t) {
+  const Tensor v = host_f32(t);
+  double sum = 0;
+  for (std::int64_t i = 0; i < v.numel(); ++i)
+    sum += static_cast<double>(v.data<float>()[i]) * v.data<float>()[i];
+  return std::sqrt(sum);
+}
+
+// VALUES minus BEFORE (their earlier host copy), as f32 on the host.
+Tensor update_of(const Tensor& values, const Tensor& before) {
+  Tensor after = host_f32(values);
+  for (std::int64_t i = 0; i < after.numel(); ++i)
+    after.data<float>()[i] -= before.data<float>()[i];
+  return after;
+}
+
+// One training step of SPEC on the device against the host, as the trainer steps it (without
+// a loss scale): forward in training mode (dropout keyed alike), the loss, backward from the
+// host's dlogits (so each layer's gradient is compared on the same input), the 16-bit
+// gradients unscaled into the FP32 masters, one SGD step with momentum and the fused recast,
+// and a second forward. Every comparison is relative L2 within TOL; a parameter gradient is
+// measured against max(its own norm, 5% of the whole gradient's), since the bias of a conv
+// that feeds a BN is zero in exact arithmetic and only rounding noise on both sides.
+void check_training_step(Harness& h, Random& rng, const std::string& label, const std::string& spec,
+                         const Shape& sample, std::int64_t batch, DType dtype, double tol) {
+  const std::string tag = " " + label + " [" + dtype_name(dtype) + "]";
+  nn::Model host = nn::Model::build(spec, sample, 10, dtype);
+  nn::Model device = nn::Model::build(spec, sample, 10, dtype, Device::cuda);
+  for (nn::Model* model : {&host, &device}) {
+    model->init_params(7);
+    model->plan(batch);
+    model->set_rng(/*seed=*/11, /*step=*/3);
+  }
+  h.expect(relative_error(device.params(), host.params()) == 0, "init on cuda = host" + tag);
+  char detail[128];
+  const auto expect_within = [&](const std::string& what, double error) {
+    std::snprintf(detail, sizeof detail, "relative error %.3g > %.3g", error, tol);
+    // The measured error is in the name, so a passing GPU run shows the margin too.
+    char measured[48];
+    std::snprintf(measured, sizeof measured, " (%.2g)", error);
+    h.expect(error <= tol, what + tag + measured, detail);
+  };
+  Shape x_shape{batch};
+  x_shape.insert(x_shape.end(), sample.begin(), sample.end());
+  const Tensor x = rng.tensor(x_shape, DType::f32);
+  const Tensor x_device = x.to(Device::cuda);
+  Tensor labels({batch}, DType::i32);
+  for (std::int64_t i = 0; i < batch; ++i)
+    labels.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng.next() % 10);
+  const Tensor labels_device = labels.to(Device::cuda);
+
+  // BN's running statistics start at (0, 1) on both; their change is what the forward adds.
+  const Tensor buffers_before = host_f32(host.buffers());
+  const Tensor& host_logits = host.forward(x, true);
+  const Tensor& device_logits = device.forward(x_device, true);
+  expect_within("forward logits", relative_error(device_logits, host_logits));
+  if (host.buffers().numel() > 0)
+    expect_within("BN running statistics' update",
+                  relative_error(update_of(device.buffers(), buffers_before),
+                                 update_of(host.buffers(), buffers_before)));
+  const float grad_scale = 1.f / static_cast<float>(batch);
+  Tensor dlogits(host_logits.shape(), DType::f32);
+  Tensor dlogits_device(host_logits.shape(), DType::f32, Device::cuda);
+  const double host_loss =
+      kernels::softmax_xent_forward_backward(host_logits, labels, dlogits, grad_scale).loss_sum;
+  const double device_loss = kernels::softmax_xent_forward_backward(device_logits, labels_device,
+                                                                    dlogits_device, grad_scale)
+                                 .loss_sum;
+  expect_within("loss", std::abs(device_loss - host_loss) / std::abs(host_loss));
+
+  host.backward(dlogits);
+  device.backward(dlogits.to(Device::cuda));
+  const double whole = norm(host.grads());
+  const auto host_params = host.named_working_params();
+  const auto device_params = device.named_working_params();
+  for (std::size_t p = 0; p < host_params.size(); ++p) {
+    const Tensor got = host_f32(device_params[p].grad), want = host_f32(host_params[p].grad);
+    double diff = 0;
+    for (std::int64_t i = 0; i < want.numel(); ++i) {
+      const double d = static_cast<double>(got.data<float>()[i]) - want.data<float>()[i];
+      diff += d * d;
+    }
+    const double scale = std::max({norm(want), 0.05 * whole, 1e-30});
+    expect_within("backward " + host_params[p].name, std::sqrt(diff) / scale);
+  }
+
+  // The step: 16-bit gradients into the FP32 master gradients (under f32 they are one buffer),
+  // then SGD with momentum on the masters and the recast of the working and compute copies.
+  const Tensor masters_before = host_f32(host.master_params());
+  optim::SgdOptions options;
+  options.lr = 0.05f;
+  options.momentum = 0.9f;
+  optim::Sgd host_sgd(host.master_params(), host.master_grads(), options);
+  optim::Sgd device_sgd(device.master_params(), device.master_grads(), options);
+  if (dtype != DType::f32) {
+    host_sgd.recast_into(host.params(), host.compute_params());
+    device_sgd.recast_into(device.params(), device.compute_params());
+    for (nn::Model* model : {&host, &device}) {
+      std::vector<Tensor> grads{model->grads()}, masters{model->master_grads()};
+      h.expect(kernels::unscale_and_check(grads, masters, 1.f), "finite gradients" + tag);
+    }
+  }
+  host_sgd.step(options.lr);
+  device_sgd.step(options.lr);
+  expect_within("SGD update of the masters",
+                relative_error(update_of(device.master_params(), masters_before),
+                               update_of(host.master_params(), masters_before)));
+  expect_within("forward logits after the step",
+                relative_error(device.forward(x_device, false), host.forward(x, false)));
+}
+
 }  // namespace
 }  // namespace mpt::gpu_test
 
 int main(int argc, char** argv) {
   using namespace mpt::gpu_test;
   if (mpt::device_memory::cuda_device_count() == 0) {
-    std::printf("SKIPPED: no CUDA device (%s)\n", mpt::device_memory::cuda_device_description().c_str());
+    std::printf("SKIPPED: no CUDA device (%s)\n",
+                mpt::device_memory::cuda_device_description().c_str());
     return 77;
   }
 #ifdef MPTRAIN_HAVE_KOKKOS
@@ -80,6 +203,22 @@ int main(int argc, char** argv) {
     check_model(harness, rng, mpt::DType::f32, 1e-5);
     check_model(harness, rng, mpt::DType::f16, 3e-3);
     check_model(harness, rng, mpt::DType::bf16, 2e-2);
+    // Batch 70 is over a block boundary of both cnn convolutions (53 and 6 samples a block).
+    // The rest: every other layer kind (GELU, average and strided max pooling, BatchNorm1d
+    // after gap, dropout).
+    const std::string others =
+        "conv:8:3:pad=1,gelu,avgpool:2,conv:12:3:stride=2,bn,relu,maxpool:2:stride=1,gap,bn,"
+        "dropout:0.3,dense:10";
+    struct Case {
+      const char* label;
+      std::string spec;
+    };
+    for (const Case& c :
+         {Case{"cnn", "cnn"}, Case{"resnet-mini", "resnet-mini"}, Case{"other layers", others}})
+      for (const auto& [dtype, tol] :
+           {std::pair{mpt::DType::f32, 1e-5}, std::pair{mpt::DType::f16, 3e-3},
+            std::pair{mpt::DType::bf16, 2e-2}})
+        check_training_step(harness, rng, c.label, c.spec, {1, 28, 28}, 70, dtype, tol);
   }
 #ifdef MPTRAIN_HAVE_KOKKOS
   Kokkos::finalize();
