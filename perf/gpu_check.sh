@@ -126,6 +126,49 @@ if torch.cuda.is_available():
             print(f"torch-gemm precision={name} m=n=k={size} tflops={2 * size**3 * calls / seconds / 1e12:.1f}")
 PY
 
+# The trainer itself (--device), where the full build made mptrain: a synthetic set made here
+# (no Fashion-MNIST on a bare machine), 40 steps of mlp and cnn on cpu and on cuda, one rank.
+# Each run has its own timeout and only reports: a failure here fails nothing else.
+: > "$build/trainer.log"
+if [[ " ${targets[*]} " == *" mptrain "* ]]; then
+  # 40 steps of batch 256 are one epoch, so the run ends with its test evaluation.
+  stage "trainer --device=cpu|cuda (mptrain train, 40 steps = 1 epoch, batch 256, one rank)"
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  data=$build/trainer-data
+  timeout 60 "$build/mptrain" prepare synthetic --out "$data" --train-samples 10240 \
+    --test-samples 2048 --seed 7 > "$build/trainer-prepare.log" 2>&1 || tail -3 "$build/trainer-prepare.log"
+  for model in mlp cnn; do
+    for device in cpu cuda; do
+      run=$build/trainer-$model-$device
+      rc=0
+      timeout 45 mpiexec -n 1 "$build/mptrain" train --data.train="$data/train.h5" \
+        --data.test="$data/test.h5" --model.name="$model" --train.max-steps=40 \
+        --train.batch-size=256 --device="$device" --output.dir="$run" --output.overwrite \
+        --output.progress=lines > "$run.log" 2>&1 || rc=$?
+      grep -E "^device:" "$run.log" | head -1
+      if [[ $rc -eq 0 && -f $run/summary.json ]]; then
+        "$python" - "$run/summary.json" "$model" "$device" <<'PY' 2>&1 | tee -a "$build/trainer.log"
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"trainer model={sys.argv[2]} device={sys.argv[3]} samples_per_s={s['samples_per_s']:.1f} "
+      f"final_train_loss={s['final_train_loss']:.4f} test_accuracy={float(s.get('test_accuracy') or -1):.4f}")
+PY
+      else
+        echo "trainer model=$model device=$device failed (exit $rc): $(grep -m1 -E 'error' "$run.log")" \
+          | tee -a "$build/trainer.log"
+      fi
+    done
+    # Same seed, data and fp32 on both devices: the losses should agree to a few digits (the
+    # device sums in another order), and a gap says the cuda path is wrong, not slow.
+    awk -v m="$model" '$2 == "model=" m && $5 ~ /^final_train_loss=/ {
+        split($3, d, "="); split($5, l, "="); loss[d[2]] = l[2]
+      } END {
+        if (("cpu" in loss) && ("cuda" in loss) && loss["cpu"] != 0)
+          printf "trainer model=%s cuda/cpu final_train_loss ratio=%.4f\n", m, loss["cuda"] / loss["cpu"]
+      }' "$build/trainer.log" | tee -a "$build/trainer.log"
+  done
+fi
+
 stage "summary"
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
 {
@@ -155,11 +198,16 @@ field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
       echo "| $size | $precision | ${ours:-n/a} | ${theirs:-n/a} | $ratio |"
     done
   done
+  if [[ -s $build/trainer.log ]]; then
+    echo
+    echo "mptrain train, 40 steps (1 epoch), batch 256, one rank (synthetic 1x28x28, 10 classes):"
+    cat "$build/trainer.log"
+  fi
   echo
   echo "total time $(( $(date +%s) - start )) s"
 } | tee "$build/gpu_check.txt"
 if [[ -n ${OUT:-} ]]; then
   cp "$build/gpu_check.txt" "$OUT/gpu_check.txt"
-  cp "$build/ctest.log" "$build/gpu_bench.log" "$build/pytorch.log" "$OUT/" 2>/dev/null || true
+  cp "$build/ctest.log" "$build/gpu_bench.log" "$build/pytorch.log" "$build/trainer.log" "$OUT/" 2>/dev/null || true
 fi
 exit $(( ctest_rc != 0 ))

@@ -178,7 +178,8 @@ po::options_description train_options(TrainCommand& out) {
        "none | auto (the newest checkpoint in checkpoint.dir whose checksums verify; none there: a fresh start) | PATH (a checkpoint file, or a directory with latest)");
   po::options_description runtime("runtime", kHelpWidth, kHelpWidth / 2);
   runtime.add_options()
-      ("device", po::value(&out.runtime.device)->default_value("auto"), "auto | cpu | cuda")
+      ("device", po::value(&out.runtime.device)->default_value("auto"),
+       "auto (cuda where every rank sees a GPU and the trainer runs there, else cpu) | cpu | cuda")
       ("kernels.matmul", po::value(&out.runtime.matmul)->default_value("auto"), "host matmul library: auto | onednn | blas");
   po::options_description all(kHelpWidth, kHelpWidth / 2);
   all.add(data).add(model).add(loop).add(amp).add(optimizer).add(schedule).add(comm).add(output).add(runtime);
@@ -306,8 +307,11 @@ TrainCommand parse_train_command(const std::string& command, const std::vector<s
   const auto& device = out.runtime.device;
   MPT_REQUIRE(device == "auto" || device == "cpu" || device == "cuda",
               "unknown device '" + device + "' (--device)", "use --device=auto, cpu or cuda");
-  MPT_REQUIRE(device != "cuda", "--device=cuda: the trainer does not run on CUDA yet",
-              "use --device=cpu or --device=auto (the CUDA kernels and their tests: docs/gpu.md)");
+  // train resolves the device in its agreed setup (train::Trainer: every rank alike, after the
+  // topology that binds each rank to a GPU); eval runs on the host.
+  MPT_REQUIRE(command != "eval" || device != "cuda", "--device=cuda: `mptrain eval` runs on the cpu only",
+              "use --device=cpu or --device=auto (auto evaluates on the cpu)");
+  out.run.device = device;
   const auto& matmul = out.runtime.matmul;
   MPT_REQUIRE(matmul == "auto" || matmul == "onednn" || matmul == "blas",
               "unknown matmul library '" + matmul + "' (--kernels.matmul)", "use auto, onednn or blas");

@@ -48,6 +48,17 @@ std::string cuda_device_description() {
          ", " + std::to_string(prop.totalGlobalMem >> 30) + " GiB)";
 }
 
+void set_cuda_device(int device) {
+  const cudaError_t status = cudaSetDevice(device);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // not sticky: later calls report their own errors
+    throw_user_error("--device=cuda: cannot use CUDA device " + std::to_string(device) + " (" +
+                         cuda_text(status) + ")",
+                     "check nvidia-smi and CUDA_VISIBLE_DEVICES (a device in exclusive mode serves "
+                     "one process), or use --device=cpu");
+  }
+}
+
 void* allocate_cuda(std::size_t bytes) {
   void* pointer = nullptr;
   const cudaError_t status = cudaMalloc(&pointer, bytes);
@@ -86,6 +97,11 @@ namespace {
 bool cuda_built() { return false; }
 int cuda_device_count() { return 0; }
 std::string cuda_device_description() { return "no CUDA in this build"; }
+void set_cuda_device(int device) {
+  throw_user_error("--device=cuda: this build has no CUDA (cannot use device " +
+                       std::to_string(device) + ")",
+                   "rebuild with -DMPTRAIN_ENABLE_CUDA=ON, or use --device=cpu");
+}
 void* allocate_cuda(std::size_t) { no_cuda("Tensor on the cuda device"); }
 void free_cuda(void*) {}
 void zero_cuda(void*, std::size_t) { no_cuda("Tensor::zero on the cuda device"); }

@@ -17,6 +17,10 @@ bool cuda_built();
 int cuda_device_count();
 // "NVIDIA H200 (sm_90, 139 GiB)" for the current device, or why there is none.
 std::string cuda_device_description();
+// Makes DEVICE (0 <= DEVICE < cuda_device_count()) this process's current cuda device, for every
+// later allocation and launch. Throws UserError naming --device when it cannot (a build without
+// CUDA, a busy or missing device), so that a caller inside an agreed phase ends every rank.
+void set_cuda_device(int device);
 
 // BYTES of zero-filled memory on the cuda device; aborts on failure, naming the size.
 void* allocate_cuda(std::size_t bytes);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "core/device_memory.hpp"
 #include "core/error.hpp"
 #include "core/hdf5.hpp"
 #include "core/sha256.hpp"
@@ -55,7 +56,9 @@ void copy_matching(const std::vector<nn::NamedParam>& to,
                     " but the file holds " + shape_to_string(found->value.shape()),
                 hint);
     Tensor destination = target.value;  // a view: shares the model's buffer
-    std::copy_n(found->value.data<float>(), destination.numel(), destination.data<float>());
+    // The model may live on the cuda device (a --device=cuda run resuming): a copy across.
+    device_memory::copy(destination.raw(), destination.device(), found->value.data<float>(),
+                        Device::cpu, static_cast<std::size_t>(destination.numel()) * sizeof(float));
   }
   for (const auto& tensor : from) {
     const bool known = std::any_of(to.begin(), to.end(),

@@ -18,6 +18,7 @@
 #include "core/error.hpp"
 #include "core/hdf5.hpp"
 #include "export/export.hpp"
+#include "kernels/copy.hpp"
 #include "kernels/softmax_xent.hpp"
 
 namespace mpt::train {
@@ -97,6 +98,13 @@ EvalResult evaluate(nn::Model& model, data::DatasetReader& reader, std::int64_t 
   const auto [begin, end] = data::eval_shard(info.num_samples, world.size(), world.rank());
   Tensor inputs(concat_shape(batch, info.sample_shape), DType::f32);
   Tensor labels({batch}, DType::i32);
+  // A model on the cuda device gets each batch copied over, and its logits copied back for
+  // the counts (planned once per evaluation).
+  const Device device = model.device();
+  const bool on_device = device != Device::cpu;
+  Tensor device_inputs = on_device ? Tensor(inputs.shape(), DType::f32, device) : Tensor();
+  Tensor device_labels = on_device ? Tensor({batch}, DType::i32, device) : Tensor();
+  Tensor host_logits = on_device ? Tensor({batch, classes}, DType::f32) : Tensor();
   std::vector<std::int32_t> predicted(static_cast<std::size_t>(batch));
   std::vector<std::int64_t> indices;
   EvalCounts counts(classes);
@@ -105,12 +113,24 @@ EvalResult evaluate(nn::Model& model, data::DatasetReader& reader, std::int64_t 
     indices.resize(static_cast<std::size_t>(count));
     std::iota(indices.begin(), indices.end(), first);
     reader.read_batch(indices, inputs, labels);
-    const Tensor x = Tensor::view(inputs, 0, concat_shape(count, info.sample_shape));
-    const Tensor y = Tensor::view(labels, 0, {count});
-    const Tensor& logits = model.forward(x, /*training=*/false);
-    counts.loss_sum += kernels::softmax_xent_forward(logits, y).loss_sum;
+    const Tensor x = Tensor::view(on_device ? device_inputs : inputs, 0,
+                                  concat_shape(count, info.sample_shape));
+    const Tensor y = Tensor::view(on_device ? device_labels : labels, 0, {count});
+    if (on_device) {
+      Tensor x_to = x, y_to = y;
+      kernels::copy(Tensor::view(inputs, 0, x.shape()), x_to);
+      kernels::copy(Tensor::view(labels, 0, {count}), y_to);
+    }
+    const Tensor& device_logits = model.forward(x, /*training=*/false);
+    counts.loss_sum += kernels::softmax_xent_forward(device_logits, y).loss_sum;
     counts.samples += static_cast<double>(count);
-    count_predictions(logits, y, counts, predicted.data());
+    Tensor logits = device_logits;
+    if (on_device) {
+      logits = Tensor::view(host_logits, 0, {count, classes});
+      kernels::copy(device_logits, logits);
+    }
+    const Tensor host_y = Tensor::view(labels, 0, {count});
+    count_predictions(logits, host_y, counts, predicted.data());
     if (outputs && outputs->predicted)
       for (std::int64_t i = 0; i < count; ++i)
         (*outputs->predicted)[static_cast<std::size_t>(first + i)] =

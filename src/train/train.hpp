@@ -108,6 +108,9 @@ struct RunConfig {
   ScheduleConfig schedule;
   PrecisionConfig amp;
   comm::CommOptions comm;
+  // auto | cpu | cuda (--device). auto: cuda where every rank sees a CUDA device and the trainer
+  // runs there, else cpu. Resolved by the Trainer's agreed setup; cpu for a library caller.
+  std::string device = "cpu";
   std::string output_dir;
   // Replace an earlier run's files in output_dir and its checkpoints in checkpoint.dir when this
   // run does not continue from a checkpoint; false: such a run is refused (output_files.hpp).

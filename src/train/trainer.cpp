@@ -24,6 +24,7 @@
 #include "comm/gradient_reducer.hpp"
 #include "comm/topology.hpp"
 #include "comm/watchdog.hpp"
+#include "core/device_memory.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
 #include "data/data.hpp"
@@ -181,7 +182,9 @@ Tensor decay_mask(nn::Model& model, bool decay_biases) {
     ranges.push_back({param.name, static_cast<const float*>(param.value.raw()) - base,
                       param.value.numel()});
   }
-  return optim::decay_mask(model.master_params().numel(), ranges, decay_biases);
+  Tensor mask = optim::decay_mask(model.master_params().numel(), ranges, decay_biases);
+  // Made on the host; AdamW reads it beside the masters, on the model's device.
+  return mask.defined() && model.device() != Device::cpu ? mask.to(model.device()) : mask;
 }
 
 std::string seconds_text(double seconds) {
@@ -205,6 +208,8 @@ void validate(const RunConfig& config) {
   MPT_REQUIRE(config.loop.max_steps >= 0, "--train.max-steps must be >= 0",
               "0 means no limit besides --train.epochs");
   MPT_REQUIRE(config.loop.log_every > 0, "--train.log-every must be positive", "e.g. 50");
+  MPT_REQUIRE(config.device == "auto" || config.device == "cpu" || config.device == "cuda",
+              "unknown device '" + config.device + "' (--device)", "use --device=auto, cpu or cuda");
   MPT_REQUIRE(config.comm.overlap == "auto" || config.comm.overlap == "on" || config.comm.overlap == "off",
               "--comm.overlap: unknown value '" + config.comm.overlap + "'", "use auto, on or off");
   MPT_REQUIRE(config.loop.accumulate >= 1, "--train.accumulate must be >= 1",
@@ -499,8 +504,8 @@ void take_tensors(const std::vector<ckpt::NamedTensor>& live, bool copy,
     const Tensor& source = live[i].value;
     target.name = live[i].name;
     if (target.value.defined() && target.value.shape() == source.shape() &&
-        target.value.dtype() == source.dtype() && source.device() == Device::cpu) {
-      std::memcpy(target.value.raw(), source.raw(), source.size_bytes());
+        target.value.dtype() == source.dtype()) {
+      kernels::copy(source, target.value);  // from the host or the cuda device
     } else {
       target.value = source.to(Device::cpu);
     }
@@ -556,6 +561,80 @@ std::shared_ptr<comm::SharedBuffer> share_gradients(nn::Model& model, const comm
   auto shared = std::make_shared<comm::SharedBuffer>(topology, grads.size_bytes());
   model.rebind_grads(Tensor::adopt(shared->data(), grads.shape(), grads.dtype(), shared));
   return shared;
+}
+
+// Whether the training loop runs on a cuda device. It does (the first slice, docs/gpu.md):
+// batches are copied over, loss and optimizer run there, gradients are staged through a host
+// buffer for the all-reduce, checkpoints and evaluation go through host copies. Setting this to
+// false keeps --device=auto on the cpu and refuses --device=cuda after the device checks.
+constexpr bool kTrainsOnCuda = true;
+
+// The option the cuda path of the first slice does not cover yet, or empty: --device=cuda
+// refuses it at setup (every rank alike) rather than run it wrong, --device=auto stays on the
+// cpu. (--comm.overlap has no effect on cuda: the gradients are staged to the host after
+// backward, and all-reduced then.)
+std::string cuda_unsupported(const RunConfig& config) {
+  if (config.model.sync_bn) return "--model.sync-bn";
+  if (config.loop.accumulate != 1) return "--train.accumulate > 1";
+  return "";
+}
+
+// Rank 0 prints where every rank computes, "device: rank 0 -> HOST:cpu, rank 1 -> HOST:cuda:1",
+// once at start. Collective (one gather of fixed-size labels).
+void log_device_map(const std::string& label, const comm::World& world) {
+  constexpr int kLabel = 128;
+  char mine[kLabel] = {};
+  std::snprintf(mine, kLabel, "%s:%s", process_host().c_str(), label.c_str());
+  std::vector<char> all(world.rank() == 0 ? static_cast<std::size_t>(kLabel) * world.size() : 0);
+  MPT_CHECK_MPI(MPI_Gather(mine, kLabel, MPI_CHAR, all.data(), kLabel, MPI_CHAR, 0, world.handle()));
+  if (world.rank() != 0) return;
+  std::string line = "device:";
+  for (int r = 0; r < world.size(); ++r)
+    line += (r ? ", rank " : " rank ") + std::to_string(r) + " -> " +
+            std::string(all.data() + static_cast<std::size_t>(r) * kLabel);
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+// The device this rank trains on (--device), decided alike on every rank. auto: cuda where
+// every rank sees a CUDA device (one MAX over the world, so that no rank trains alone on the
+// host), else cpu. cuda: a rank of a build without CUDA, or that sees no device, fails the
+// agreed phase, so the lowest such rank names --device and every rank stops. A cuda rank binds
+// to its local rank on the real machine (Topology::device_rank, whatever --comm.ranks-per-node
+// emulates) modulo the devices it sees: one GPU per rank where every rank sees them all, device
+// 0 where Slurm's --gpus-per-task=1 shows each rank only its own. Collective.
+Device select_device(const RunConfig& config, const comm::Topology& topology,
+                     const comm::World& world) {
+  const std::string& option = config.device;
+  const int visible = device_memory::cuda_device_count();
+  const bool some_rank_has_none = world.max(visible > 0 ? 0.0 : 1.0) > 0;
+  const std::string unsupported = cuda_unsupported(config);  // the same on every rank
+  Device device = Device::cpu;
+  std::string label = "cpu";
+  world.run_agreed([&] {
+    if (option == "cpu" || (option == "auto" && (some_rank_has_none || !kTrainsOnCuda))) return;
+    if (option == "auto" && !unsupported.empty()) {
+      if (world.rank() == 0)
+        std::printf("note: --device=auto trains on the cpu: %s does not run on CUDA yet\n",
+                    unsupported.c_str());
+      return;
+    }
+    MPT_REQUIRE(device_memory::cuda_built(), "--device=cuda: this build has no CUDA",
+                "rebuild with -DMPTRAIN_ENABLE_CUDA=ON (docs/gpu.md), or use --device=cpu or auto");
+    MPT_REQUIRE(visible > 0, "--device=cuda: no CUDA device visible on " + process_host(),
+                "check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device=cpu or auto");
+    MPT_REQUIRE(kTrainsOnCuda, "--device=cuda: the trainer does not run on CUDA yet",
+                "use --device=cpu or auto (the CUDA kernels, model and their tests: docs/gpu.md)");
+    MPT_REQUIRE(unsupported.empty(), "--device=cuda: " + unsupported + " does not run on CUDA yet",
+                "use --device=cpu for it (the CUDA trainer's first slice: docs/gpu.md)");
+    const int index = topology.device_rank() % visible;
+    device_memory::set_cuda_device(index);
+    device = Device::cuda;
+    label = "cuda:" + std::to_string(index);
+  });
+  set_process_device(label);
+  log_device_map(label, world);
+  return device;
 }
 
 // Rank 0: the checkpoint --resume names, verified (every checksum) and its weights checked
@@ -671,6 +750,19 @@ ResumePoint resume_point(const std::int64_t* header, int world_size, std::int64_
   return point;
 }
 
+// Copies rank 0's TENSOR to every rank. MPI here reads host memory only (not CUDA-aware), so a
+// tensor on the cuda device goes through a host copy (setup and evaluation only, not the step).
+void broadcast_from_root(Tensor& tensor, const comm::World& world) {
+  if (tensor.device() == Device::cpu) {
+    world.broadcast(tensor, 0);
+    return;
+  }
+  if (world.size() == 1) return;
+  Tensor host = tensor.to(Device::cpu);
+  world.broadcast(host, 0);
+  kernels::copy(host, tensor);
+}
+
 // Copies the checkpoint's FP32 masters, buffers and optimizer state into this rank's live
 // tensors: rank 0 from LOADED (checking each optimizer tensor against this optimizer's), every
 // other rank by broadcast; then the 16-bit working copy is recast.
@@ -694,13 +786,13 @@ void restore_tensors(const std::optional<ckpt::LoadedCheckpoint>& loaded, const 
                   "checkpoint '" + loaded->path + "' has no optimizer state '" + live.name +
                       "' of " + std::to_string(live.value.numel()) + " elements",
                   "resume with the same --optimizer.* options, or start fresh with --resume=none");
-      std::memcpy(live.value.raw(), found->value.raw(), live.value.size_bytes());
+      kernels::copy(found->value, live.value);  // the live state may be on the cuda device
     }
   });
-  world.broadcast(model.master_params(), 0);
-  if (model.buffers().numel() > 0) world.broadcast(model.buffers(), 0);
+  broadcast_from_root(model.master_params(), world);
+  if (model.buffers().numel() > 0) broadcast_from_root(model.buffers(), world);
   if (resume.has_state)
-    for (auto& live : optimizer_state) world.broadcast(live.value, 0);
+    for (auto& live : optimizer_state) broadcast_from_root(live.value, world);
   model.recast_from_master();
 }
 
@@ -727,6 +819,7 @@ struct Trainer::State {
   // Communication: the world cut into nodes and rails, the resolved --comm options, and the
   // reducer (built in run(); after the topology, so destroyed before it).
   std::optional<comm::Topology> topology;
+  Device device = Device::cpu;  // --device, resolved (select_device)
   comm::AllreduceConfig allreduce;
   std::optional<comm::GradientReducer> reducer;
   MetricsLog metrics;
@@ -804,7 +897,16 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
   state_->watchdog.emplace(world.handle(), config.comm.stall_timeout_s,
                            thread_level >= MPI_THREAD_MULTIPLE);
   state_->topology.emplace(world.handle(), config.comm.ranks_per_node);
+  state_->device = select_device(config, *state_->topology, world);
   world.run_agreed([&] {
+    // The model was built on the host during setup (the device is chosen after the topology):
+    // on cuda it is built again there, before anything refers to its buffers.
+    if (state_->device != Device::cpu) {
+      const auto& info = train_reader->info();
+      const std::string spec = config.model.layers.empty() ? config.model.name : config.model.layers;
+      model.emplace(nn::Model::build(spec, info.sample_shape, info.num_classes,
+                                     precision_dtype(config.amp), state_->device));
+    }
     state_->allreduce =
         comm::resolve_allreduce(config.comm, *state_->topology, model->grads().dtype());
     // No pre-scaling, also for a 16-bit wire: the gradients already carry 1/global batch (the
@@ -856,11 +958,18 @@ TrainSummary Trainer::run() {
   };
   const std::shared_ptr<comm::SharedBuffer> shared_grads =
       share_gradients(*model, topology, allreduce);
-  state_->reducer.emplace(topology, allreduce, model->grads(), model->param_offsets(),
+  // On the cuda device the all-reduce (host memory only) works on a host copy of the gradients,
+  // planned once: backward's gradients are copied into it, reduced, and copied back. Hence no
+  // overlap there, whatever --comm.overlap says.
+  const bool on_cuda = model->device() != Device::cpu;
+  Tensor staged_grads = on_cuda ? Tensor(model->grads().shape(), model->grads().dtype()) : Tensor();
+  Tensor& reduced_grads = on_cuda ? staged_grads : model->grads();
+  state_->reducer.emplace(topology, allreduce, reduced_grads, model->param_offsets(),
                           mib(config.comm.bucket_mb), mib(config.comm.first_bucket_mb),
                           shared_grads);
   comm::GradientReducer& reducer = *state_->reducer;
-  const bool overlap = config.comm.overlap != "off";  // auto, for a library caller: on
+  // auto, for a library caller: on (on the host)
+  const bool overlap = config.comm.overlap != "off" && !on_cuda;
 
   if (root) {
     std::printf("mptrain %s: %d rank(s), model %s (%lld parameters), batch %lld per rank, global %lld, "
@@ -883,7 +992,9 @@ TrainSummary Trainer::run() {
       std::printf(" (%g MiB, first %g MiB)", config.comm.bucket_mb, config.comm.first_bucket_mb);
     else
       std::printf(" (one bucket after backward)");
-    std::printf(", overlap %s", overlap ? "on" : "off (buckets after backward)");
+    std::printf(", overlap %s", overlap ? "on"
+                                : on_cuda ? "off (gradients staged from the cuda device after backward)"
+                                          : "off (buckets after backward)");
     std::printf("\n");
     if (config.model.print) std::printf("%s", model->summary().c_str());
     std::fflush(stdout);
@@ -892,7 +1003,11 @@ TrainSummary Trainer::run() {
   // Every buffer of the steady state is planned here, once (the input batches in setup, by the
   // prefetcher). Its I/O threads start now, so the first batches load during the broadcast.
   model->plan(batch);
-  Tensor dlogits({batch, model->num_classes()}, DType::f32);
+  Tensor dlogits({batch, model->num_classes()}, DType::f32, model->device());
+  // On the cuda device each host batch from the prefetcher is copied into these, planned once.
+  Tensor device_samples =
+      on_cuda ? Tensor(concat_shape(batch, info.sample_shape), DType::f32, model->device()) : Tensor();
+  Tensor device_labels = on_cuda ? Tensor({batch}, DType::i32, model->device()) : Tensor();
 
   // Resume (--resume): rank 0 reads and verifies the checkpoint; the others learn where the run
   // continues from one broadcast now, and the tensors once the optimizer exists.
@@ -972,7 +1087,7 @@ TrainSummary Trainer::run() {
           stats_call = {data, count};
           reducer.run_collective(reduce_stats);
         });
-  world.broadcast(model->master_params(), 0);
+  broadcast_from_root(model->master_params(), world);
   model->recast_from_master();  // the 16-bit working copy (a no-op under fp32)
 
   // The optimizer updates the FP32 masters from FP32 gradients; the working copy is recast.
@@ -1173,7 +1288,8 @@ TrainSummary Trainer::run() {
         std::this_thread::sleep_for(std::chrono::milliseconds(state_->fault.step));
       // Synchronous: views of the live tensors, written before training goes on. Asynchronous:
       // copies, into the previous snapshot's buffers.
-      const bool copy = writer->async();
+      // A model on the cuda device is always copied: the writer reads host memory.
+      const bool copy = writer->async() || model->device() != Device::cpu;
       CheckpointSnapshot snapshot = copy ? writer->recycle() : CheckpointSnapshot();
       snapshot.meta = checkpoint_meta(step, cursor_epoch);
       std::vector<ckpt::NamedTensor> live;
@@ -1268,9 +1384,15 @@ TrainSummary Trainer::run() {
           if (state_->fault.kind == "exit") std::_Exit(1);
           std::abort();
         }
-        const Tensor& logits = model->forward(input.samples, /*training=*/true);
+        if (on_cuda) {
+          kernels::copy(input.samples, device_samples);
+          kernels::copy(input.labels, device_labels);
+        }
+        const Tensor& samples = on_cuda ? device_samples : input.samples;
+        const Tensor& labels = on_cuda ? device_labels : input.labels;
+        const Tensor& logits = model->forward(samples, /*training=*/true);
         const auto stats = kernels::softmax_xent_forward_backward(
-            logits, input.labels, dlogits, grad_scale * static_cast<float>(loss_scale));
+            logits, labels, dlogits, grad_scale * static_cast<float>(loss_scale));
         const auto backward_start = Clock::now();
         comm::set_phase(comm::Phase::backward);
         window_forward += std::chrono::duration<double>(backward_start - forward_start).count();
@@ -1296,7 +1418,7 @@ TrainSummary Trainer::run() {
         }
         if (run_backward) model->backward(dlogits, hooked ? launch_buckets : no_hook);
         if (!loss_finite && !skip_nonfinite_loss) {
-          const std::string layer = model->first_nonfinite_layer(input.samples);
+          const std::string layer = model->first_nonfinite_layer(samples);
           throw_user_error("non-finite loss at step " + std::to_string(step + 1) +
                                (layer.empty() ? std::string(" (all activations finite: the labels or the loss overflowed)")
                                               : " (first non-finite activations: layer " + layer + ")"),
@@ -1317,7 +1439,8 @@ TrainSummary Trainer::run() {
           // No backward ran on this rank (non-finite loss): nothing is launched yet, so the
           // gradients can still be written; every bucket goes at wait().
           if (accumulating) add_accumulated(0);
-          if (must_poison) poison(grads);
+          if (on_cuda) kernels::copy(grads, staged_grads);  // to the host, for the all-reduce
+          if (must_poison) poison(reduced_grads);
         }
         window_backward += seconds_since(backward_start);
         if (timeline) {
@@ -1337,6 +1460,7 @@ TrainSummary Trainer::run() {
       const auto wait_called = Clock::now();
       comm::set_phase(comm::Phase::allreduce);
       reducer.wait();
+      if (on_cuda) kernels::copy(staged_grads, grads);  // the all-reduced sum, back to the device
       window_comm += reducer.last_comm_seconds();
       window_exposed += reducer.last_exposed_seconds();
       total_comm += reducer.last_comm_seconds();
@@ -1503,7 +1627,7 @@ TrainSummary Trainer::run() {
       // Without sync BN every rank's running statistics drift apart; evaluate (and later save)
       // rank 0's on every rank, as PyTorch DDP broadcasts buffers, so that this evaluation is
       // the one `eval` and `predict` reproduce from the checkpoint.
-      if (model->buffers().numel() > 0) world.broadcast(model->buffers(), 0);
+      if (model->buffers().numel() > 0) broadcast_from_root(model->buffers(), world);
       const EvalResult eval = evaluate(*model, *test_reader, batch, world);
       summary.test_loss = eval.loss;
       summary.test_accuracy = eval.accuracy;
