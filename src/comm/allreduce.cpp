@@ -48,6 +48,11 @@ constexpr std::int64_t kSleepersOffset = 64;
 constexpr int kSpinsBeforeSleep = 8192;
 constexpr int kSpinsBeforeYield = 256;
 
+// How many peers sleep on a rank's barrier COUNTER: a cache line past it, in the same segment.
+std::uint32_t* sleepers(std::uint64_t* counter) {
+  return reinterpret_cast<std::uint32_t*>(reinterpret_cast<std::uint8_t*>(counter) + kSleepersOffset);
+}
+
 #ifdef __linux__
 // The futex word of a barrier counter: its low 32 bits, which change at every barrier.
 std::uint32_t* futex_word(std::uint64_t* counter) {
@@ -222,7 +227,6 @@ struct Allreducer::Impl {
   MPI_Win window = MPI_WIN_NULL;
   std::vector<std::uint8_t*> segments;  // each past its counter
   std::vector<std::uint64_t*> counters;
-  std::vector<std::uint32_t*> sleepers;  // how many peers sleep on each rank's counter
   bool ranks_share_cores = false;  // more ranks on this machine than cores: wait by yielding
   std::uint64_t barriers = 0;  // node barriers passed: the same count on every rank of the node
   std::int64_t half_bytes = 0;
@@ -254,15 +258,12 @@ Allreducer::Impl::Impl(const Topology& topology, const AllreduceConfig& config)
   MPT_CHECK_MPI(MPI_Info_free(&info));
   segments.resize(static_cast<std::size_t>(local_size));
   counters.resize(static_cast<std::size_t>(local_size));
-  sleepers.resize(static_cast<std::size_t>(local_size));
   for (int local = 0; local < local_size; ++local) {
     MPI_Aint size = 0;
     int unit = 0;
     void* pointer = nullptr;
     MPT_CHECK_MPI(MPI_Win_shared_query(window, local, &size, &unit, &pointer));
     counters[static_cast<std::size_t>(local)] = static_cast<std::uint64_t*>(pointer);
-    sleepers[static_cast<std::size_t>(local)] =
-        reinterpret_cast<std::uint32_t*>(static_cast<std::uint8_t*>(pointer) + kSleepersOffset);
     segments[static_cast<std::size_t>(local)] = static_cast<std::uint8_t*>(pointer) + kFlagBytes;
   }
   // One passive epoch for the window's lifetime: loads and stores go straight to memory, and
@@ -273,7 +274,7 @@ Allreducer::Impl::Impl(const Topology& topology, const AllreduceConfig& config)
                        topology.device_peers() > sysconf(_SC_NPROCESSORS_ONLN));
   const auto me = static_cast<std::size_t>(topology.local_rank());
   std::atomic_ref<std::uint64_t>(*counters[me]).store(0, std::memory_order_release);
-  std::atomic_ref<std::uint32_t>(*sleepers[me]).store(0, std::memory_order_release);
+  std::atomic_ref<std::uint32_t>(*sleepers(counters[me])).store(0, std::memory_order_release);
   MPT_CHECK_MPI(MPI_Win_sync(window));
   MPT_CHECK_MPI(MPI_Barrier(topology.node()));  // every counter is 0 before any barrier
   MPT_CHECK_MPI(MPI_Win_sync(window));
@@ -404,7 +405,7 @@ void Allreducer::Impl::node_barrier() {
   // this rank stores the counter, then reads the count (all seq_cst). Either the sleeper sees
   // the new counter, or this rank sees it asleep and wakes it (or makes its FUTEX_WAIT return:
   // the kernel compares the word when it queues the sleeper).
-  if (std::atomic_ref<std::uint32_t>(*sleepers[me]).load(std::memory_order_seq_cst) != 0)
+  if (std::atomic_ref<std::uint32_t>(*sleepers(counters[me])).load(std::memory_order_seq_cst) != 0)
     futex_wake_all(futex_word(counters[me]));
 #endif
   for (std::size_t peer = 0; peer < counters.size(); ++peer) {
@@ -423,7 +424,7 @@ void Allreducer::Impl::node_barrier() {
       while (!arrived()) sched_yield();
       continue;
     }
-    const std::atomic_ref<std::uint32_t> asleep(*sleepers[peer]);
+    const std::atomic_ref<std::uint32_t> asleep(*sleepers(counters[peer]));
     asleep.fetch_add(1, std::memory_order_seq_cst);
     for (std::uint64_t seen; (seen = counter.load(std::memory_order_seq_cst)) < barriers;)
       futex_sleep(futex_word(counters[peer]), static_cast<std::uint32_t>(seen));
