@@ -50,13 +50,15 @@ constexpr int kSpinsBeforeYield = 256;
 
 // How many peers sleep on a rank's barrier COUNTER: a cache line past it, in the same segment.
 std::uint32_t* sleepers(std::uint64_t* counter) {
-  return reinterpret_cast<std::uint32_t*>(reinterpret_cast<std::uint8_t*>(counter) + kSleepersOffset);
+  auto* line = reinterpret_cast<std::uint8_t*>(counter) + kSleepersOffset;
+  return reinterpret_cast<std::uint32_t*>(line);
 }
 
 #ifdef __linux__
 // The futex word of a barrier counter: its low 32 bits, which change at every barrier.
 std::uint32_t* futex_word(std::uint64_t* counter) {
-  return reinterpret_cast<std::uint32_t*>(counter) + (std::endian::native == std::endian::little ? 0 : 1);
+  const int low_half = std::endian::native == std::endian::little ? 0 : 1;
+  return reinterpret_cast<std::uint32_t*>(counter) + low_half;
 }
 // Sleeps while *WORD == EXPECTED (the kernel checks it atomically with queueing the sleeper),
 // at most 200 ms, a safety net: the caller re-checks either way, and the peer's arrival wakes
@@ -228,7 +230,7 @@ struct Allreducer::Impl {
   std::vector<std::uint8_t*> segments;  // each past its counter
   std::vector<std::uint64_t*> counters;
   bool ranks_share_cores = false;  // more ranks on this machine than cores: wait by yielding
-  std::uint64_t barriers = 0;  // node barriers passed: the same count on every rank of the node
+  std::uint64_t barriers = 0;      // node barriers passed: the same count on every rank of the node
   std::int64_t half_bytes = 0;
   int half = 0;
   std::shared_ptr<SharedBuffer> registered;  // the buffer whose peers' parts the sums read
