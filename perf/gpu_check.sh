@@ -151,7 +151,9 @@ if [[ " ${targets[*]} " == *" mptrain "* ]]; then
 import json, sys
 s = json.load(open(sys.argv[1]))
 print(f"trainer model={sys.argv[2]} device={sys.argv[3]} samples_per_s={s['samples_per_s']:.1f} "
-      f"final_train_loss={s['final_train_loss']:.4f} test_accuracy={float(s.get('test_accuracy') or -1):.4f}")
+      f"final_train_loss={s['final_train_loss']:.4f} test_accuracy={float(s.get('test_accuracy') or -1):.4f} "
+      f"tensor_peak_mb={s.get('tensor_peak_mb', -1):.1f} device_reserved_mb={s.get('device_reserved_mb', -1):.0f} "
+      f"step_allocations={s.get('step_tensor_allocations', -1)} step_cudamalloc={s.get('step_device_slabs', -1)}")
 PY
       else
         echo "trainer model=$model device=$device failed (exit $rc): $(grep -m1 -E 'error' "$run.log")" \

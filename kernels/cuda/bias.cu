@@ -64,8 +64,8 @@ float* partial_rows(std::size_t floats) {
   static float* scratch = nullptr;
   static std::size_t capacity = 0;
   if (floats > capacity) {
-    if (scratch) MPT_CHECK_CUDA(cudaFree(scratch));
-    MPT_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&scratch), floats * sizeof(float)));
+    device_memory::free_cuda(scratch);  // the arena's blocks: no cudaMalloc once it holds them
+    scratch = static_cast<float*>(device_memory::allocate_cuda(floats * sizeof(float)));
     capacity = floats;
   }
   return scratch;

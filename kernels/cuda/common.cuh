@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/device_memory.hpp"
 #include "core/error.hpp"
 #include "core/tensor.hpp"
 #include "kernels/check.hpp"

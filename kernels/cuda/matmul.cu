@@ -78,7 +78,7 @@ class LtContext {
  private:
   LtContext() {
     MPT_CHECK_CUBLAS(cublasLtCreate(&handle_));
-    MPT_CHECK_CUDA(cudaMalloc(&workspace_, kWorkspaceBytes));
+    workspace_ = device_memory::allocate_cuda(kWorkspaceBytes);  // from the arena
   }
 
   Plan make_plan(const PlanKey& key) {

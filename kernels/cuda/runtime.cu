@@ -27,11 +27,7 @@ int blocks_for(std::int64_t n) {
 }
 
 void* reduction_scratch() {
-  static void* scratch = [] {
-    void* pointer = nullptr;
-    MPT_CHECK_CUDA(cudaMalloc(&pointer, 256));
-    return pointer;
-  }();
+  static void* scratch = device_memory::allocate_cuda(256);  // the arena's: see device_memory.hpp
   return scratch;
 }
 

@@ -3,6 +3,7 @@
 #include "core/device_memory.hpp"
 
 #include <cstring>
+#include <mutex>
 
 #include "core/error.hpp"
 
@@ -20,6 +21,26 @@ std::string cuda_text(cudaError_t status) {
   return std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
 }
 #define MPT_CHECK_CUDA_RT(call) MPT_CHECK_GEN("CUDA", call, cuda_ok, cuda_text)
+
+// Every Tensor on the device lives in one arena (core/arena.hpp): cudaMalloc is called for a
+// slab now and then while a run plans its buffers, never per tensor, and never once the plan
+// is complete (the trainer checks that its steps took no new slab). 256 MiB slabs keep the
+// count small; a larger tensor gets a slab of its own size. Never destroyed: at exit the
+// context may already be gone, and the driver takes the memory back anyway.
+constexpr std::size_t kSlabBytes = std::size_t{256} << 20;
+std::mutex arena_mutex;
+BlockArena& arena() {
+  static BlockArena* const instance = new BlockArena(
+      SlabSource{[](std::size_t bytes) -> void* {
+                   void* pointer = nullptr;
+                   if (cudaMalloc(&pointer, bytes) == cudaSuccess) return pointer;
+                   cudaGetLastError();  // out of memory is not sticky: the caller reports it
+                   return nullptr;
+                 },
+                 [](void* pointer) { cudaFree(pointer); }},
+      kSlabBytes);
+  return *instance;
+}
 
 cudaMemcpyKind copy_kind(Device dst, Device src) {
   if (src == Device::cpu) return dst == Device::cpu ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice;
@@ -61,16 +82,36 @@ void set_cuda_device(int device) {
 
 void* allocate_cuda(std::size_t bytes) {
   void* pointer = nullptr;
-  const cudaError_t status = cudaMalloc(&pointer, bytes);
-  if (status != cudaSuccess)
-    abort_job("Tensor: cudaMalloc of " + std::to_string(bytes) + " bytes failed: " +
-              cuda_text(status) + " (is a CUDA device visible? see CUDA_VISIBLE_DEVICES)");
+  {
+    const std::lock_guard<std::mutex> lock(arena_mutex);
+    pointer = arena().allocate(bytes);
+  }
+  if (pointer == nullptr) {
+    std::size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    cudaGetLastError();
+    abort_job("Tensor: no device memory for " + std::to_string(bytes) + " bytes (" +
+              std::to_string(free_bytes >> 20) + " MiB free of " + std::to_string(total_bytes >> 20) +
+              " MiB; is a CUDA device visible? see CUDA_VISIBLE_DEVICES, or lower --data.batch-size)");
+  }
   MPT_CHECK_CUDA_RT(cudaMemset(pointer, 0, bytes));
   return pointer;
 }
 
 void free_cuda(void* pointer) {
-  if (pointer) cudaFree(pointer);  // at exit the context may be gone: ignore the status
+  if (pointer == nullptr) return;
+  const std::lock_guard<std::mutex> lock(arena_mutex);
+  arena().release(pointer);  // back to the arena: no cudaFree in a run
+}
+
+bool reserve_cuda(std::size_t bytes) {
+  const std::lock_guard<std::mutex> lock(arena_mutex);
+  return arena().reserve(bytes);
+}
+
+ArenaStats cuda_arena_stats() {
+  const std::lock_guard<std::mutex> lock(arena_mutex);
+  return arena().stats();
 }
 
 void zero_cuda(void* pointer, std::size_t bytes) { MPT_CHECK_CUDA_RT(cudaMemset(pointer, 0, bytes)); }
@@ -104,6 +145,8 @@ void set_cuda_device(int device) {
 }
 void* allocate_cuda(std::size_t) { no_cuda("Tensor on the cuda device"); }
 void free_cuda(void*) {}
+bool reserve_cuda(std::size_t) { return false; }
+ArenaStats cuda_arena_stats() { return {}; }
 void zero_cuda(void*, std::size_t) { no_cuda("Tensor::zero on the cuda device"); }
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
   if (dst_device != Device::cpu || src_device != Device::cpu) no_cuda("copy to or from the cuda device");

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <string>
 
+#include "core/arena.hpp"
 #include "core/tensor.hpp"
 
 namespace mpt::device_memory {
@@ -22,9 +23,15 @@ std::string cuda_device_description();
 // CUDA, a busy or missing device), so that a caller inside an agreed phase ends every rank.
 void set_cuda_device(int device);
 
-// BYTES of zero-filled memory on the cuda device; aborts on failure, naming the size.
+// BYTES of zero-filled memory on the cuda device, out of the process's device arena
+// (core/arena.hpp: cudaMalloc only when a new slab is needed); aborts on failure, naming the size.
 void* allocate_cuda(std::size_t bytes);
-void free_cuda(void* pointer);  // never aborts: called from destructors, maybe after shutdown
+// Back to the arena, not to the driver. Never aborts: called from destructors.
+void free_cuda(void* pointer);
+// Takes a slab for BYTES now unless one fits already (false: no CUDA, or out of memory).
+bool reserve_cuda(std::size_t bytes);
+// The arena's counters: slabs are its cudaMalloc calls; all zero without CUDA.
+ArenaStats cuda_arena_stats();
 void zero_cuda(void* pointer, std::size_t bytes);
 // Copies BYTES between any two devices; synchronous with respect to the host.
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);

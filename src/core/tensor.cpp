@@ -1,6 +1,8 @@
 // Tensor storage and dtype bookkeeping (see tensor.hpp).
 #include "core/tensor.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -9,6 +11,35 @@
 #include "core/error.hpp"
 
 namespace mpt {
+
+namespace {
+// Per device: allocations, live bytes, peak bytes. Relaxed: counters, not synchronisation.
+struct MemoryCounters {
+  std::atomic<std::int64_t> allocations{0}, live{0}, peak{0};
+};
+MemoryCounters counters[2];  // Device::cpu, Device::cuda
+thread_local std::int64_t thread_allocations = 0;
+
+void count_allocation(Device device, std::size_t bytes) {
+  MemoryCounters& c = counters[static_cast<int>(device)];
+  c.allocations.fetch_add(1, std::memory_order_relaxed);
+  const std::int64_t live =
+      c.live.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed) +
+      static_cast<std::int64_t>(bytes);
+  std::int64_t peak = c.peak.load(std::memory_order_relaxed);
+  while (live > peak && !c.peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
+  }
+  ++thread_allocations;
+}
+}  // namespace
+
+TensorMemoryStats tensor_memory_stats(Device device) {
+  const MemoryCounters& c = counters[static_cast<int>(device)];
+  return {c.allocations.load(std::memory_order_relaxed), c.live.load(std::memory_order_relaxed),
+          c.peak.load(std::memory_order_relaxed)};
+}
+
+std::int64_t tensor_allocations_on_this_thread() { return thread_allocations; }
 
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
@@ -66,6 +97,8 @@ std::string shape_to_string(const Shape& shape) {
 
 Tensor::Storage::~Storage() {
   if (owner) return;
+  counters[static_cast<int>(device)].live.fetch_sub(static_cast<std::int64_t>(size),
+                                                    std::memory_order_relaxed);
   if (device == Device::cpu)
     std::free(bytes);
   else
@@ -84,6 +117,7 @@ Tensor::Tensor(Shape shape, DType dtype, Device device)
     storage_->bytes = static_cast<std::byte*>(device_memory::allocate_cuda(padded));  // zeroed
     storage_->size = bytes;
     storage_->device = device;
+    count_allocation(device, bytes);
     return;
   }
   storage_->bytes = static_cast<std::byte*>(std::aligned_alloc(64, padded));
@@ -91,6 +125,7 @@ Tensor::Tensor(Shape shape, DType dtype, Device device)
   std::memset(storage_->bytes, 0, padded);
   storage_->size = bytes;
   storage_->device = device;
+  count_allocation(device, bytes);
 }
 
 Tensor Tensor::adopt(void* bytes, Shape shape, DType dtype, std::shared_ptr<void> owner) {

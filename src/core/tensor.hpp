@@ -21,6 +21,17 @@ const char* dtype_name(DType dtype);
 DType dtype_from_name(const std::string& name, const std::string& option);
 const char* device_name(Device device);
 
+// What Tensor buffers hold on one device (adopted memory excluded), since the process began.
+struct TensorMemoryStats {
+  std::int64_t allocations = 0;  // buffers created
+  std::int64_t live_bytes = 0;   // held now
+  std::int64_t peak_bytes = 0;   // the most held at once
+};
+TensorMemoryStats tensor_memory_stats(Device device);
+// Tensor buffers created by the calling thread, on any device: a training loop reads it around
+// its steps to show that they allocate nothing (everything is planned before the first step).
+std::int64_t tensor_allocations_on_this_thread();
+
 using Shape = std::vector<std::int64_t>;
 std::int64_t shape_numel(const Shape& shape);
 std::string shape_to_string(const Shape& shape);  // "(64,1,28,28)"

@@ -152,6 +152,13 @@ struct TrainSummary {
   std::int64_t checkpoints = 0;         // written by this run
   double checkpoint_stall_s = 0;        // training time lost to them (rank 0's)
   std::string last_checkpoint;          // the newest written (empty: none)
+  // Memory, the largest over ranks: Tensor buffers the training thread created inside steps
+  // (0 when everything is planned), device arena slabs (cudaMalloc calls) taken inside steps,
+  // the peak of Tensor memory on the training device, and the device arena's reservation.
+  std::int64_t step_tensor_allocations = 0;
+  std::int64_t step_device_slabs = 0;
+  double tensor_peak_mb = 0;
+  double device_reserved_mb = 0;
 };
 
 // One data-parallel training run. Construction is the agreed setup (data, model, optimizer,

@@ -1331,12 +1331,18 @@ TrainSummary Trainer::run() {
     last_checkpoint_at = Clock::now();
   };
 
+  // Everything a step needs is planned before the first one: the training thread's Tensor
+  // allocations and the device arena's slabs (its cudaMalloc calls) inside steps are counted,
+  // reported in summary.json and expected to be zero (tests/app/memory.sh).
+  std::int64_t step_allocations = 0, step_slabs = 0;
   for (std::int64_t epoch = resume.epoch; epoch < config.loop.epochs && step < total_steps && !stopping; ++epoch) {
     const auto epoch_start = Clock::now();
     const std::int64_t first_step = epoch == resume.epoch ? resume.epoch_step : 0;
     for (std::int64_t epoch_step = first_step; epoch_step < steps_per_epoch && step < total_steps && !stopping;
          ++epoch_step) {
       const auto step_start = Clock::now();
+      const std::int64_t allocations_before = tensor_allocations_on_this_thread();
+      const std::int64_t slabs_before = on_cuda ? device_memory::cuda_arena_stats().slabs : 0;
       const std::int64_t first_batch = epoch_step * accumulate;
       // The epoch's last group may be short; its loss gradient scale follows its real size, so
       // the update is the mean over every sample of the group on every rank.
@@ -1496,6 +1502,8 @@ TrainSummary Trainer::run() {
       window_optimizer += seconds_since(optimizer_start);
       if (timeline) timeline->span("optimizer", Timeline::kTraining, optimizer_start, Clock::now(), step + 1);
       train_seconds += seconds_since(step_start);
+      step_allocations += tensor_allocations_on_this_thread() - allocations_before;
+      if (on_cuda) step_slabs += device_memory::cuda_arena_stats().slabs - slabs_before;
       ++step;
       ++window_steps;
       progress.update(step, epoch, step * global_batch * accumulate);
@@ -1665,10 +1673,18 @@ TrainSummary Trainer::run() {
   summary.last_lr = optimizer->steps() > 0 ? lr : 0;
   summary.grad_norm = grad_norm;
   // The slowest rank sets the pace of synchronous training.
-  double run_max[7] = {train_seconds, total_data_wait, total_comm, total_exposed,
-                       total_forward + window_forward, total_backward + window_backward,
-                       total_optimizer + window_optimizer};
-  world.allreduce_max(run_max, 7);
+  const Device train_device = on_cuda ? Device::cuda : Device::cpu;
+  double run_max[11] = {train_seconds, total_data_wait, total_comm, total_exposed,
+                        total_forward + window_forward, total_backward + window_backward,
+                        total_optimizer + window_optimizer,
+                        static_cast<double>(step_allocations), static_cast<double>(step_slabs),
+                        static_cast<double>(tensor_memory_stats(train_device).peak_bytes),
+                        static_cast<double>(device_memory::cuda_arena_stats().reserved_bytes)};
+  world.allreduce_max(run_max, 11);
+  summary.step_tensor_allocations = static_cast<std::int64_t>(run_max[7]);
+  summary.step_device_slabs = static_cast<std::int64_t>(run_max[8]);
+  summary.tensor_peak_mb = run_max[9] / (1 << 20);
+  summary.device_reserved_mb = run_max[10] / (1 << 20);
   summary.forward_s = run_max[4];
   summary.backward_s = run_max[5];
   summary.optimizer_s = run_max[6];
@@ -1730,6 +1746,11 @@ TrainSummary Trainer::run() {
         .add("stop_reason", summary.stop_reason).add("resumed_from_step", summary.resumed_from_step)
         .add("checkpoints", summary.checkpoints).add("checkpoint_stall_s", summary.checkpoint_stall_s)
         .add("last_checkpoint", summary.last_checkpoint)
+        .add("device", on_cuda ? "cuda" : "cpu")
+        .add("step_tensor_allocations", summary.step_tensor_allocations)
+        .add("step_device_slabs", summary.step_device_slabs)
+        .add("tensor_peak_mb", summary.tensor_peak_mb)
+        .add("device_reserved_mb", summary.device_reserved_mb)
         .add("matmul", kernels::matmul_backend() == kernels::MatmulBackend::dnnl ? "onednn" : "blas")
         .add("mptrain_version", MPTRAIN_VERSION).add("git_hash", MPTRAIN_GIT_HASH);
     // Each rank's resident set (MiB) and open descriptors over the logged windows (issue #11).
@@ -1748,6 +1769,11 @@ TrainSummary Trainer::run() {
                   100 * summary.exposed_comm_time_s / summary.comm_time_s);
     if (test_reader && summary.test_accuracy >= 0) std::printf(", test accuracy %.4f", summary.test_accuracy);
     std::printf(", %.1f s\n", summary.wall_s);
+    std::printf("memory: tensors peak %.1f MiB on %s", summary.tensor_peak_mb, on_cuda ? "cuda" : "cpu");
+    if (on_cuda) std::printf(" (device arena %.0f MiB reserved)", summary.device_reserved_mb);
+    std::printf(", %lld tensor allocations inside steps", static_cast<long long>(summary.step_tensor_allocations));
+    if (on_cuda) std::printf(", %lld cudaMalloc", static_cast<long long>(summary.step_device_slabs));
+    std::printf("\n");
     std::fflush(stdout);
   }
   return summary;
