@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "core/tensor.hpp"
 #include "kernels/check.hpp"
@@ -37,6 +39,48 @@ void channel_rows_to_samples(const Tensor& rows, const Tensor& bias, Tensor& sam
 void samples_to_channel_rows(const Tensor& samples, Tensor& rows, const Tensor* relu_output);
 void channel_bias_forward(Tensor& y, const Tensor& bias);
 void channel_bias_backward(const Tensor& dy, Tensor& bias_grad, bool accumulate);
+
+// The whole convolution through cuDNN (kernels/cuda/conv2d_cudnn.cu, built where cuDNN is:
+// MPTRAIN_HAVE_CUDNN): forward, backward data, filter and bias for batches of NCHW samples of
+// one geometry, tensors in f32, f16 or bf16 with FP32 compute. plan() chooses the three
+// algorithms once (cuDNN's _v7 heuristics, deterministic ones only) and reserves their
+// workspace in one buffer per device that every plan shares (grown at plan time only; layers
+// run one after another on the compute stream), so forward and backward allocate nothing.
+class CudnnConv2d {
+ public:
+  CudnnConv2d();
+  ~CudnnConv2d();
+  CudnnConv2d(CudnnConv2d&&) noexcept;
+  CudnnConv2d& operator=(CudnnConv2d&&) noexcept;
+
+  // For batches of up to MAX_BATCH samples of G into OUT_CHANNELS, weights and activations in
+  // DTYPE; RELU: a ReLU follows the conv (applied in forward, its mask in backward). False,
+  // with why(), when cuDNN has no deterministic algorithm for this shape and dtype (the
+  // caller then keeps its im2col path); a failing cuDNN call aborts naming it.
+  bool plan(const Conv2dGeometry& g, std::int64_t out_channels, std::int64_t max_batch,
+            DType dtype, bool relu);
+  bool planned() const;
+  // Y = conv(X, WEIGHT) + BIAS[c] (then the ReLU): X [n, C, H, W] in DTYPE or f32 (rounded to
+  // DTYPE on the way: the model's first layer), WEIGHT [K, C, k, k] in DTYPE, BIAS [K] f32,
+  // Y [n, K, OH, OW] in DTYPE, n <= MAX_BATCH. A batch size other than MAX_BATCH gets its own
+  // descriptors and algorithms the first time it is seen (a short last batch).
+  void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y);
+  // From DY (DTYPE, like Y; masked by Y > 0 on the way with the ReLU): overwrites WEIGHT_GRAD
+  // (DTYPE: cuDNN sums over the batch in f32 and rounds once), BIAS_GRAD (DTYPE or f32: an f32
+  // sum in a fixed order, rounded once) and, unless null, DX (like X). X and Y: the forward's.
+  void backward(const Tensor& x, const Tensor& weight, const Tensor& y, const Tensor& dy,
+                Tensor& weight_grad, Tensor& bias_grad, Tensor* dx);
+  // "fwd=IMPLICIT_PRECOMP_GEMM bwd_data=ALGO_1 bwd_filter=ALGO_1 workspace=123456" for the
+  // planned batch, or why plan() returned false.
+  std::string describe() const;
+  // Bytes this plan asked of the shared buffer (workspace and staging).
+  std::int64_t scratch_bytes() const;
+
+ private:
+  void validate(const char* op, const Tensor& x, const Tensor& weight) const;
+  struct State;
+  std::unique_ptr<State> state_;
+};
 }  // namespace cuda
 
 // COL[c*K*K + i*K + j, b*OH*OW + oh*OW + ow] = X[b, c, oh*S - P + i, ow*S - P + j] (0 outside

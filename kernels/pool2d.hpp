@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "core/tensor.hpp"
 #include "kernels/check.hpp"
@@ -29,6 +30,31 @@ void max_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor& y);
 void max_pool2d_backward(const Tensor& x, const Pool2dGeometry& g, const Tensor& dy, Tensor& dx);
 void avg_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor& y);
 void avg_pool2d_backward(const Pool2dGeometry& g, const Tensor& dy, Tensor& dx);
+
+// Max or average pooling through cuDNN (kernels/cuda/pool2d_cudnn.cu, built where cuDNN is:
+// MPTRAIN_HAVE_CUDNN), forward and backward, x and y in one dtype (f32, f16 or bf16; FP32
+// compute). Max pooling is CUDNN_POOLING_MAX_DETERMINISTIC with NaN propagation (a NaN wins,
+// as on the host); where a window holds equal maxima its gradient may go to another of them
+// than the host's first (docs/gpu.md). Descriptors are made once per batch size.
+class CudnnPool2d {
+ public:
+  CudnnPool2d();
+  ~CudnnPool2d();
+  CudnnPool2d(CudnnPool2d&&) noexcept;
+  CudnnPool2d& operator=(CudnnPool2d&&) noexcept;
+
+  // Samples of CHANNELS planes of G, in DTYPE; MAX or average.
+  void plan(const Pool2dGeometry& g, std::int64_t channels, DType dtype, bool max);
+  bool planned() const;
+  // Y [n, C, OH, OW] from X [n, C, H, W], both in the planned dtype on the cuda device.
+  void forward(const Tensor& x, Tensor& y);
+  // DX from DY, with X and Y of the forward (max pooling finds the maxima again). Overwrites DX.
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 }  // namespace cuda
 
 // Y = the maximum of each window, for X f32 holding whole planes (any batch x channels) and Y

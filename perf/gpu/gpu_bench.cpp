@@ -10,7 +10,9 @@
 //   3. The same mlp as nn::Model on Device::cuda with optim::Sgd, as the trainer steps it:
 //        mptrain-model model=mlp precision=fp16 batch=256 steps=200 samples_per_s=123.4
 //      With --model cnn (or resnet-mini) that model instead, on 28x28 one-channel samples, and
-//      no kernel-level step (2 exists for the mlp only).
+//      no kernel-level step (2 exists for the mlp only). --conv cudnn|im2col picks how its conv
+//      layers compute (nn::CudaConvPath; default cudnn), and the line names it:
+//        mptrain-model model=cnn precision=fp16 batch=256 steps=200 samples_per_s=123.4 conv=cudnn
 // perf/gpu_check.sh runs it beside perf/pytorch_gpu.py (the same model in PyTorch AMP).
 #include <cuda_runtime_api.h>
 
@@ -234,6 +236,7 @@ int run(int argc, char** argv) {
   std::int64_t batch = 256;
   bool gemm = true;
   std::string model = "mlp";
+  nn::CudaConvPath conv = nn::cuda_conv_path();
   std::vector<DType> precisions{DType::f32, DType::f16, DType::bf16};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -246,11 +249,12 @@ int run(int argc, char** argv) {
     else if (arg == "--batch") batch = std::stoll(value());
     else if (arg == "--no-gemm") gemm = false;
     else if (arg == "--model") model = value();
+    else if (arg == "--conv") conv = nn::cuda_conv_path_from_name(value(), "--conv");
     else if (arg == "--precision") precisions = {dtype_from_name(value(), "--precision")};
     else if (arg == "--help") {
       std::printf(
           "usage: gpu_bench [--steps N] [--warmup N] [--batch B] [--precision fp32|fp16|bf16] "
-          "[--model mlp|cnn|resnet-mini] [--no-gemm]\n");
+          "[--model mlp|cnn|resnet-mini] [--conv cudnn|im2col] [--no-gemm]\n");
       return 0;
     } else {
       throw_user_error("unknown option " + arg, "see gpu_bench --help");
@@ -273,10 +277,16 @@ int run(int argc, char** argv) {
                 precision_name(dtype), static_cast<long long>(batch), steps, rate);
     std::fflush(stdout);
   }
+  nn::set_cuda_conv_path(conv);
+  // The path the conv layers were asked to take (a layer without a cuDNN algorithm for its shape
+  // keeps im2col; tests/gpu/gpu_model checks that the cnn's have one).
+  const std::string conv_field =
+      model == "mlp" ? "" : std::string(" conv=") + nn::cuda_conv_path_name(conv);
   for (DType dtype : precisions) {
     const double rate = bench_model(model, dtype, batch, steps, warmup);
-    std::printf("mptrain-model model=%s precision=%s batch=%lld steps=%d samples_per_s=%.1f\n",
-                model.c_str(), precision_name(dtype), static_cast<long long>(batch), steps, rate);
+    std::printf("mptrain-model model=%s precision=%s batch=%lld steps=%d samples_per_s=%.1f%s\n",
+                model.c_str(), precision_name(dtype), static_cast<long long>(batch), steps, rate,
+                conv_field.c_str());
     std::fflush(stdout);
   }
   return 0;

@@ -7,10 +7,14 @@
 #include "nn/conv2d.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstddef>
+#include <cstdlib>
 
 #include "core/error.hpp"
 #include "kernels/matmul.hpp"
+#include "nn/workspace.hpp"
 
 namespace mpt::nn {
 
@@ -21,7 +25,30 @@ constexpr std::size_t kInSlot = 0, kOutSlot = 1, kDoutSlot = 2, kDinSlot = 3;
 // 53 of its first). From 2^16 to 2^22 the cnn's step time changed by less than this machine's
 // noise (docs/perf.md); the block is at least one sample and at most the batch.
 constexpr std::int64_t kBlockColumnElements = std::int64_t{1} << 20;
+
+// The process-wide conv path: MPTRAIN_CUDA_CONV when set, else cudnn.
+std::atomic<CudaConvPath>& conv_path_setting() {
+  static std::atomic<CudaConvPath> path{[] {
+    const char* text = std::getenv("MPTRAIN_CUDA_CONV");
+    return text && *text ? cuda_conv_path_from_name(text, "MPTRAIN_CUDA_CONV")
+                         : CudaConvPath::cudnn;
+  }()};
+  return path;
+}
 }  // namespace
+
+void set_cuda_conv_path(CudaConvPath path) { conv_path_setting().store(path); }
+CudaConvPath cuda_conv_path() { return conv_path_setting().load(); }
+
+CudaConvPath cuda_conv_path_from_name(const std::string& name, const std::string& option) {
+  if (name == "cudnn") return CudaConvPath::cudnn;
+  if (name == "im2col") return CudaConvPath::im2col;
+  throw_user_error(option + "='" + name + "' is not a conv path", "use cudnn or im2col");
+}
+
+const char* cuda_conv_path_name(CudaConvPath path) {
+  return path == CudaConvPath::cudnn ? "cudnn" : "im2col";
+}
 
 Conv2d::Conv2d(std::string name, const Shape& input_shape, std::int64_t out_channels,
                std::int64_t kernel, std::int64_t stride, std::int64_t pad)
@@ -63,6 +90,13 @@ std::vector<ParamSpec> Conv2d::param_specs() const {
 }
 
 void Conv2d::plan(std::int64_t max_batch, DType precision) {
+  uses_cudnn_ = plan_cudnn(max_batch, precision);
+  if (uses_cudnn_) {  // none of the im2col path's scratch
+    col_ = rows_ = weight_grad_ = bias_grad_ = Tensor();
+    staging_ = SampleStaging();
+    block_ = 0;
+    return;
+  }
   const std::int64_t per_sample = geometry_.col_rows() * geometry_.col_columns();
   block_ = requested_block_ > 0 ? requested_block_
                                 : std::max<std::int64_t>(1, kBlockColumnElements / per_sample);
@@ -80,7 +114,45 @@ void Conv2d::plan(std::int64_t max_batch, DType precision) {
   }
 }
 
+bool Conv2d::plan_cudnn(std::int64_t max_batch, DType precision) {
+  storage_ = precision;
+#ifdef MPTRAIN_HAVE_CUDNN
+  if (device_ != Device::cuda || cuda_conv_path() != CudaConvPath::cudnn) return false;
+  return cudnn_.plan(geometry_, out_channels_, std::max<std::int64_t>(1, max_batch), precision,
+                     fused_relu_);
+#else
+  (void)max_batch;
+  return false;
+#endif
+}
+
+std::string Conv2d::cudnn_plan() const {
+#ifdef MPTRAIN_HAVE_CUDNN
+  if (device_ != Device::cuda) return "not on the cuda device";
+  return cudnn_.describe();
+#else
+  return "built without cuDNN";
+#endif
+}
+
+const Tensor& Conv2d::storage_weight(const char* caller) {
+  const Tensor& weight = param_value(kWeight);  // a view of the f32 compute copy
+  if (storage_ == DType::f32) return weight;
+  if (!workspace_ || !workspace_->working_params.defined())
+    abort_job("nn::Conv2d::" + std::string(caller) + " " + name() +
+              ": 16-bit cuDNN convolutions need the model's workspace (plan() the model)");
+  const auto offset = static_cast<std::int64_t>(
+      (static_cast<const std::byte*>(weight.raw()) -
+       static_cast<const std::byte*>(workspace_->compute_params.raw())) / sizeof(float));
+  Tensor::view_into(weight16_, workspace_->working_params, offset,
+                    {out_channels_, geometry_.channels, geometry_.kernel, geometry_.kernel});
+  return weight16_;
+}
+
 std::int64_t Conv2d::scratch_bytes() const {
+  // The cuDNN path's scratch is one buffer per device that every conv shares (counted once,
+  // by the device arena), so a layer adds nothing of its own.
+  if (uses_cudnn_) return 0;
   std::int64_t bytes = staging_.scratch_bytes();
   for (const Tensor* t : {&col_, &rows_, &weight_grad_, &bias_grad_})
     if (t->defined()) bytes += static_cast<std::int64_t>(t->size_bytes());
@@ -88,6 +160,9 @@ std::int64_t Conv2d::scratch_bytes() const {
 }
 
 void Conv2d::forward(const Tensor& x, Tensor& y, bool) {
+#ifdef MPTRAIN_HAVE_CUDNN
+  if (uses_cudnn_) return cudnn_.forward(x, storage_weight("forward"), param_value(kBias), y);
+#endif
   if (!col_.defined()) abort_job("nn::Conv2d::forward " + name() + ": plan() the model first");
   const std::int64_t in = geometry_.channels * geometry_.height * geometry_.width;
   const std::int64_t positions = geometry_.col_columns();
@@ -108,6 +183,13 @@ void Conv2d::forward(const Tensor& x, Tensor& y, bool) {
 }
 
 void Conv2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) {
+#ifdef MPTRAIN_HAVE_CUDNN
+  // cuDNN sums dW and db over the whole batch in f32 and rounds once into the gradients' dtype,
+  // the contract of weight_grad_ and bias_grad_ below.
+  if (uses_cudnn_)
+    return cudnn_.backward(x, storage_weight("backward"), y, dy, param_grad(kWeight),
+                           param_grad(kBias), dx);
+#endif
   const std::int64_t in = geometry_.channels * geometry_.height * geometry_.width;
   const std::int64_t positions = geometry_.col_columns();
   const std::int64_t out = out_channels_ * positions;

@@ -1,9 +1,11 @@
 // 2-D convolution layer over NCHW samples: weights (C_out, C_in, K, K) and a bias, like
 // PyTorch's nn.Conv2d with dilation 1 and groups 1. Lowered to im2col + matmul over blocks of
-// samples, so that each pass is one large GEMM rather than one small GEMM per sample.
+// samples, so that each pass is one large GEMM rather than one small GEMM per sample. On the
+// cuda device it goes through cuDNN instead, unless CudaConvPath::im2col is chosen (nn.hpp).
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/conv2d.hpp"
 #include "nn/nn.hpp"
@@ -39,7 +41,17 @@ class Conv2d final : public Layer {
   void set_block_samples(std::int64_t samples) { requested_block_ = samples; }
   std::int64_t block_samples() const { return block_; }
 
+  // True when the last plan() chose cuDNN: the cuda device, cuda_conv_path() == cudnn, a build
+  // with cuDNN, and a deterministic cuDNN algorithm for each direction at this shape.
+  bool uses_cudnn() const { return uses_cudnn_; }
+  // The cuDNN algorithms and workspace chosen by plan(), or why cuDNN is not used.
+  std::string cudnn_plan() const;
+
  private:
+  bool plan_cudnn(std::int64_t max_batch, DType precision);
+  // The weight in the storage dtype: the f32 compute copy, or its 16-bit working twin.
+  const Tensor& storage_weight(const char* caller);
+
   kernels::Conv2dGeometry geometry_;
   std::int64_t out_channels_;
   std::int64_t requested_block_ = 0, block_ = 0;
@@ -50,6 +62,13 @@ class Conv2d final : public Layer {
   SampleStaging staging_;
   // Views re-pointed per block.
   Tensor weight_2d_, weight_grad_2d_, col_block_, rows_block_, output_run_;
+  // The cuDNN path: forward, backward data, filter and bias through one plan.
+  bool uses_cudnn_ = false;
+  DType storage_ = DType::f32;
+  Tensor weight16_;  // view of the model's 16-bit working copy (nn/workspace.hpp)
+#ifdef MPTRAIN_HAVE_CUDNN
+  kernels::cuda::CudnnConv2d cudnn_;
+#endif
 };
 
 }  // namespace mpt::nn

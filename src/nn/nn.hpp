@@ -50,6 +50,18 @@ InitScheme init_scheme_from_name(const std::string& name, const std::string& opt
 // that a misspelt --model.name is reported as such rather than as an unknown layer.
 void require_builtin_model(const std::string& name, const std::string& option);
 
+// How conv and pooling layers on the cuda device compute (docs/gpu.md): cudnn (the default, in
+// a build with cuDNN) or im2col (mptrain's own CUDA twins of the host path: im2col + cuBLASLt
+// for conv, the pooling kernels). Each such layer reads it in plan(); a build without cuDNN
+// always takes im2col. It starts from the environment variable MPTRAIN_CUDA_CONV
+// (cudnn|im2col) when set.
+enum class CudaConvPath { cudnn, im2col };
+void set_cuda_conv_path(CudaConvPath path);
+CudaConvPath cuda_conv_path();
+// Parses "cudnn" or "im2col"; throws UserError naming OPTION otherwise.
+CudaConvPath cuda_conv_path_from_name(const std::string& name, const std::string& option);
+const char* cuda_conv_path_name(CudaConvPath path);
+
 // Sums COUNT floats at DATA element-wise across the ranks of a data-parallel job, in place. The
 // trainer installs one (an MPI_Allreduce) for synchronised BatchNorm; nn knows nothing of MPI.
 using StatsReducer = std::function<void(float* data, std::int64_t count)>;

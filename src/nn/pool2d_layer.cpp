@@ -1,5 +1,6 @@
 // Pooling layers: the whole batch in one kernel call under f32 (a batch is a run of planes);
-// under 16-bit storage runs of samples through f32 staging (one sample on the host).
+// under 16-bit storage runs of samples through f32 staging (one sample on the host). On the
+// cuda device, cuDNN pools the whole batch in its storage dtype (CudaConvPath::cudnn).
 #include "nn/pool2d_layer.hpp"
 
 #include <algorithm>
@@ -62,9 +63,20 @@ void Pool2dLayer::plan(std::int64_t max_batch, DType precision) {
   const std::int64_t out = channels_ * geometry_.out_height() * geometry_.out_width();
   run_ = SampleStaging::run_samples(device_, in, max_batch);
   staging_.plan(precision, device_, {run_ * in, run_ * out, run_ * out, run_ * in});
+  storage_ = precision;
+  uses_cudnn_ = false;
+#ifdef MPTRAIN_HAVE_CUDNN
+  if (device_ == Device::cuda && cuda_conv_path() == CudaConvPath::cudnn) {
+    cudnn_.plan(geometry_, channels_, precision, mode_ == PoolMode::max);
+    uses_cudnn_ = true;
+  }
+#endif
 }
 
 void Pool2dLayer::forward(const Tensor& x, Tensor& y, bool) {
+#ifdef MPTRAIN_HAVE_CUDNN
+  if (uses_cudnn_ && x.dtype() == storage_ && y.dtype() == storage_) return cudnn_.forward(x, y);
+#endif
   const std::int64_t in = channels_ * geometry_.height * geometry_.width;
   const std::int64_t out = channels_ * geometry_.out_height() * geometry_.out_width();
   const bool f32 = x.dtype() == DType::f32 && y.dtype() == DType::f32;
@@ -82,8 +94,15 @@ void Pool2dLayer::forward(const Tensor& x, Tensor& y, bool) {
   }
 }
 
-void Pool2dLayer::backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) {
+void Pool2dLayer::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) {
   if (!dx) return;  // no parameters
+#ifdef MPTRAIN_HAVE_CUDNN
+  if (uses_cudnn_ && x.dtype() == storage_ && y.dtype() == storage_ && dy.dtype() == storage_ &&
+      dx->dtype() == storage_)
+    return cudnn_.backward(x, y, dy, *dx);
+#else
+  (void)y;
+#endif
   const std::int64_t in = channels_ * geometry_.height * geometry_.width;
   const std::int64_t out = channels_ * geometry_.out_height() * geometry_.out_width();
   const bool f32 = x.dtype() == DType::f32 && dy.dtype() == DType::f32;

@@ -29,12 +29,22 @@ class Pool2dLayer final : public Layer {
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
 
+  // True when the last plan() chose cuDNN (the cuda device, cuda_conv_path() == cudnn, a build
+  // with cuDNN); a batch whose x is not in the storage dtype (the model's f32 input) still
+  // takes the staged path below.
+  bool uses_cudnn() const { return uses_cudnn_; }
+
  private:
   PoolMode mode_;
   std::int64_t channels_;
   kernels::Pool2dGeometry geometry_;
   std::int64_t run_ = 1;  // samples per staged run under 16-bit storage
   SampleStaging staging_;
+  bool uses_cudnn_ = false;
+  DType storage_ = DType::f32;
+#ifdef MPTRAIN_HAVE_CUDNN
+  kernels::cuda::CudnnPool2d cudnn_;
+#endif
 };
 
 }  // namespace mpt::nn

@@ -2,7 +2,14 @@
 // and bf16: same initialisation, same batch. The mlp: logits after forward and every parameter
 // gradient after backward. The cnn, resnet-mini and a spec with the remaining layer kinds: also
 // the loss, the BN running statistics, one SGD step and the logits after it. All in relative L2
-// norm (tolerances: docs/gpu.md). Skipped (exit 77) without a CUDA device.
+// norm (tolerances: docs/gpu.md). Convolutions and pooling on the device go through cuDNN
+// (checked: every top-level conv and pooling layer must have planned it), with looser
+// tolerances than the im2col path (mptrain's own CUDA kernels), which runs the cnn and the conv
+// shapes once more. cuDNN's max pooling may route a tied window's gradient to another of its
+// equal maxima than the host; in these models ties are ReLU zeros, whose gradient the ReLU
+// before the pooling masks either way. The conv shapes: odd sizes, stride 2, pad 0/1/2,
+// 1x1, C_in = 1, a fused ReLU, a model planned for more samples than it runs (cuDNN's plan for
+// another batch size). Skipped (exit 77) without a CUDA device.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -13,7 +20,9 @@
 #include "core/device_memory.hpp"
 #include "kernels/softmax_xent.hpp"
 #include "kernels/unscale_check.hpp"
+#include "nn/conv2d.hpp"
 #include "nn/nn.hpp"
+#include "nn/pool2d_layer.hpp"
 #include "optim/optim.hpp"
 #include "tests/gpu/harness.hpp"
 
@@ -96,17 +105,33 @@ Tensor update_of(const Tensor& values, const Tensor& before) {
 // and a second forward. Every comparison is relative L2 within TOL; a parameter gradient is
 // measured against max(its own norm, 5% of the whole gradient's), since the bias of a conv
 // that feeds a BN is zero in exact arithmetic and only rounding noise on both sides.
+// PLAN_BATCH (0: BATCH) is the batch the models are planned for.
 void check_training_step(Harness& h, Random& rng, const std::string& label, const std::string& spec,
-                         const Shape& sample, std::int64_t batch, DType dtype, double tol) {
-  const std::string tag = " " + label + " [" + dtype_name(dtype) + "]";
+                         const Shape& sample, std::int64_t batch, DType dtype, double tol,
+                         std::int64_t plan_batch = 0) {
+  const std::string tag = " " + label + " [" + dtype_name(dtype) + ", conv " +
+                          nn::cuda_conv_path_name(nn::cuda_conv_path()) + "]";
   nn::Model host = nn::Model::build(spec, sample, 10, dtype);
   nn::Model device = nn::Model::build(spec, sample, 10, dtype, Device::cuda);
   for (nn::Model* model : {&host, &device}) {
     model->init_params(7);
-    model->plan(batch);
+    model->plan(plan_batch > 0 ? plan_batch : batch);
     model->set_rng(/*seed=*/11, /*step=*/3);
   }
   h.expect(relative_error(device.params(), host.params()) == 0, "init on cuda = host" + tag);
+  // Every top-level conv and pooling layer on the device took the path asked for (a resblock's
+  // are not visible).
+#ifdef MPTRAIN_HAVE_CUDNN
+  const bool want_cudnn = nn::cuda_conv_path() == nn::CudaConvPath::cudnn;
+#else
+  const bool want_cudnn = false;
+#endif
+  for (const auto& layer : device.layers())
+    if (const auto* conv = dynamic_cast<const nn::Conv2d*>(layer.get()))
+      h.expect(conv->uses_cudnn() == want_cudnn, "conv path of " + conv->name() + tag,
+               conv->cudnn_plan());
+    else if (const auto* pool = dynamic_cast<const nn::Pool2dLayer*>(layer.get()))
+      h.expect(pool->uses_cudnn() == want_cudnn, "pooling path of " + pool->name() + tag);
   char detail[128];
   const auto expect_within = [&](const std::string& what, double error) {
     std::snprintf(detail, sizeof detail, "relative error %.3g > %.3g", error, tol);
@@ -213,12 +238,46 @@ int main(int argc, char** argv) {
       const char* label;
       std::string spec;
     };
-    for (const Case& c :
-         {Case{"cnn", "cnn"}, Case{"resnet-mini", "resnet-mini"}, Case{"other layers", others}})
-      for (const auto& [dtype, tol] :
-           {std::pair{mpt::DType::f32, 1e-5}, std::pair{mpt::DType::f16, 3e-3},
-            std::pair{mpt::DType::bf16, 2e-2}})
-        check_training_step(harness, rng, c.label, c.spec, {1, 28, 28}, 70, dtype, tol);
+    // Odd planes, stride 2, pad 0/1/2, 1x1 kernels, C_in = 1 (the first conv reads the f32
+    // input), ReLUs fused into convs. Planned for 77 samples and run with 70.
+    struct ShapeCase {
+      const char* label;
+      std::string spec;
+      mpt::Shape sample;
+    };
+    const ShapeCase shapes[] = {
+        {"conv shapes 13x11",
+         "conv:3:1,conv:5:3:stride=2:pad=1,relu,conv:4:5:pad=2,conv:6:3:stride=2,relu,flatten,"
+         "dense:10",
+         {1, 13, 11}},
+        {"conv shapes 9x15", "conv:4:3:stride=2:pad=2,relu,conv:8:1:stride=2,flatten,dense:10",
+         {1, 9, 15}},
+    };
+    // cuDNN sums in other orders than the host (and its 16-bit output is rounded before the
+    // bias is added, and the first layer's f32 input is rounded to the storage dtype, as
+    // autocast does), so its tolerances are looser than im2col's (docs/gpu.md).
+    using Tolerances = std::vector<std::pair<mpt::DType, double>>;
+    const Tolerances im2col_tol{
+        {mpt::DType::f32, 1e-5}, {mpt::DType::f16, 3e-3}, {mpt::DType::bf16, 2e-2}};
+    const Tolerances cudnn_tol{
+        {mpt::DType::f32, 3e-5}, {mpt::DType::f16, 5e-3}, {mpt::DType::bf16, 3e-2}};
+    for (const auto path : {mpt::nn::CudaConvPath::cudnn, mpt::nn::CudaConvPath::im2col}) {
+      mpt::nn::set_cuda_conv_path(path);
+      const bool cudnn = path == mpt::nn::CudaConvPath::cudnn;
+      const Tolerances& tols = cudnn ? cudnn_tol : im2col_tol;
+      // The im2col path: the cnn again (its block boundaries) and the conv shapes.
+      const std::vector<Case> cases =
+          cudnn ? std::vector<Case>{{"cnn", "cnn"}, {"resnet-mini", "resnet-mini"},
+                                    {"other layers", others}}
+                : std::vector<Case>{{"cnn", "cnn"}};
+      for (const Case& c : cases)
+        for (const auto& [dtype, tol] : tols)
+          check_training_step(harness, rng, c.label, c.spec, {1, 28, 28}, 70, dtype, tol);
+      for (const ShapeCase& c : shapes)
+        for (const auto& [dtype, tol] : tols)
+          check_training_step(harness, rng, c.label, c.spec, c.sample, 70, dtype, tol, 77);
+    }
+    mpt::nn::set_cuda_conv_path(mpt::nn::CudaConvPath::cudnn);
   }
 #ifdef MPTRAIN_HAVE_KOKKOS
   Kokkos::finalize();

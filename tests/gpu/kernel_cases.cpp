@@ -234,6 +234,7 @@ void case_pool2d(Harness& h, Random& rng) {
       kernels::avg_pool2d_backward(g, dyd, dxd);
       h.expect_close(std::string("avg_pool2d_backward") + label, dxd, dx, kExact);
     }
+  cudnn_pool2d_cases(h, rng);
 }
 
 void case_dropout(Harness& h, Random& rng) {
@@ -625,6 +626,7 @@ void case_conv2d(Harness& h, Random& rng) {
           kF32Reduction, &size);
     }
   }
+  cudnn_conv2d_cases(h, rng);
 }
 
 void case_transpose(Harness& h, Random& rng) {

@@ -43,6 +43,10 @@ void case_sgd(Harness&, Random&);
 void case_softmax_xent(Harness&, Random&);
 void case_transpose(Harness&, Random&);
 void case_unscale_check(Harness&, Random&);
+// The cuDNN parts of case_conv2d and case_pool2d (kernels::cuda::CudnnConv2d, CudnnPool2d;
+// tests/gpu/cudnn_cases.cpp): nothing in a build without cuDNN.
+void cudnn_conv2d_cases(Harness&, Random&);
+void cudnn_pool2d_cases(Harness&, Random&);
 
 inline constexpr KernelCase kKernelCases[] = {
     {"adamw.hpp", "adamw_update", CaseStatus::cuda, case_adamw},
@@ -51,7 +55,8 @@ inline constexpr KernelCase kKernelCases[] = {
      case_batchnorm},
     {"bias.hpp", "bias_add_forward/backward", CaseStatus::cuda, case_bias},
     {"cast.hpp", "cast, round_and_widen", CaseStatus::cuda, case_cast},
-    {"conv2d.hpp", "im2col, col2im, channel rows and bias", CaseStatus::cuda, case_conv2d},
+    {"conv2d.hpp", "im2col, col2im, channel rows and bias; cuDNN conv", CaseStatus::cuda,
+     case_conv2d},
     {"copy.hpp", "copy host<->device", CaseStatus::cuda, case_copy},
     {"dropout.hpp", "dropout_forward/backward (Philox masks)", CaseStatus::cuda, case_dropout},
     {"finite.hpp", "all_finite", CaseStatus::cuda, case_finite},
@@ -59,7 +64,8 @@ inline constexpr KernelCase kKernelCases[] = {
     {"matmul.hpp", "matmul (cuBLASLt)", CaseStatus::cuda, case_matmul},
     {"norm.hpp", "sum_of_squares", CaseStatus::cuda, case_norm},
     {"normalize.hpp", "normalize_u8", CaseStatus::cuda, case_normalize},
-    {"pool2d.hpp", "max/avg_pool2d_forward/backward", CaseStatus::cuda, case_pool2d},
+    {"pool2d.hpp", "max/avg_pool2d_forward/backward; cuDNN pooling", CaseStatus::cuda,
+     case_pool2d},
     {"relu.hpp", "relu_forward/backward", CaseStatus::cuda, case_relu},
     {"scale.hpp", "scale_inplace", CaseStatus::cuda, case_scale},
     {"sgd.hpp", "sgd_update", CaseStatus::cuda, case_sgd},
