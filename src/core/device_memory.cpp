@@ -2,6 +2,7 @@
 // kernels/cuda, so core stays free of cudart in CPU-only builds.
 #include "core/device_memory.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -127,6 +128,64 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
 
 void synchronize() { MPT_CHECK_CUDA_RT(cudaDeviceSynchronize()); }
 
+Tensor pinned_host_tensor(const Shape& shape, DType dtype) {
+  const std::size_t bytes =
+      static_cast<std::size_t>(std::max<std::int64_t>(shape_numel(shape), 1)) * dtype_size(dtype);
+  void* pointer = nullptr;
+  const cudaError_t status = cudaHostAlloc(&pointer, bytes, cudaHostAllocPortable);
+  if (status != cudaSuccess)
+    abort_job("pinned host buffer: cudaHostAlloc of " + std::to_string(bytes) + " bytes failed: " +
+              cuda_text(status) + " (lower --data.prefetch or --train.batch-size)");
+  std::memset(pointer, 0, bytes);
+  // Page-aligned, as Tensor::adopt requires; the tensor and its views keep the owner alive.
+  std::shared_ptr<void> owner(pointer, [](void* p) { cudaFreeHost(p); });
+  return Tensor::adopt(pointer, shape, dtype, std::move(owner));
+}
+
+ComputeMark::~ComputeMark() {
+  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));  // may be after shutdown
+}
+
+void ComputeMark::record() {
+  if (!event_) {
+    cudaEvent_t event = nullptr;
+    MPT_CHECK_CUDA_RT(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    event_ = event;
+  }
+  // The compute stream is the legacy default stream (kernels/cuda/common.cuh).
+  MPT_CHECK_CUDA_RT(cudaEventRecord(static_cast<cudaEvent_t>(event_), nullptr));
+}
+
+CopyQueue::CopyQueue() {
+  MPT_CHECK_CUDA_RT(cudaGetDevice(&device_));
+  cudaStream_t stream = nullptr;
+  MPT_CHECK_CUDA_RT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  stream_ = stream;
+}
+
+CopyQueue::~CopyQueue() {
+  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+void CopyQueue::wait(const ComputeMark& mark) {
+  if (!mark.event_) return;  // never recorded: nothing to wait for
+  MPT_CHECK_CUDA_RT(cudaSetDevice(device_));
+  MPT_CHECK_CUDA_RT(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_),
+                                        static_cast<cudaEvent_t>(mark.event_), 0));
+}
+
+void CopyQueue::to_device(void* device_dst, const void* pinned_src, std::size_t bytes) {
+  if (bytes == 0) return;
+  MPT_CHECK_CUDA_RT(cudaSetDevice(device_));
+  MPT_CHECK_CUDA_RT(cudaMemcpyAsync(device_dst, pinned_src, bytes, cudaMemcpyHostToDevice,
+                                    static_cast<cudaStream_t>(stream_)));
+}
+
+void CopyQueue::finish() {
+  MPT_CHECK_CUDA_RT(cudaSetDevice(device_));
+  MPT_CHECK_CUDA_RT(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+}
+
 #else  // !MPTRAIN_HAVE_CUDA
 
 namespace {
@@ -153,6 +212,14 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
   if (bytes) std::memcpy(dst, src, bytes);
 }
 void synchronize() {}
+Tensor pinned_host_tensor(const Shape&, DType) { no_cuda("pinned host buffer"); }
+ComputeMark::~ComputeMark() = default;
+void ComputeMark::record() {}
+CopyQueue::CopyQueue() { no_cuda("host->device copy queue"); }
+CopyQueue::~CopyQueue() = default;
+void CopyQueue::wait(const ComputeMark&) {}
+void CopyQueue::to_device(void*, const void*, std::size_t) {}
+void CopyQueue::finish() {}
 
 #endif
 

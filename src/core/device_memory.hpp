@@ -33,6 +33,48 @@ bool reserve_cuda(std::size_t bytes);
 // The arena's counters: slabs are its cudaMalloc calls; all zero without CUDA.
 ArenaStats cuda_arena_stats();
 void zero_cuda(void* pointer, std::size_t bytes);
+// A zero-filled host tensor in page-locked memory (cudaHostAlloc): the device copies from it
+// asynchronously and at full bus speed, so the prefetcher's batches live there on cuda runs.
+// Aborts on failure, and in a build without CUDA.
+Tensor pinned_host_tensor(const Shape& shape, DType dtype);
+
+// A point in the compute stream's work (an event recorded after the launches that read some
+// buffer), which a CopyQueue can wait for on the device, with no host synchronisation. Made
+// once, recorded again and again; a mark never recorded is waited for as already passed.
+// Without CUDA every call is a no-op.
+class ComputeMark {
+ public:
+  ComputeMark() = default;
+  ~ComputeMark();
+  ComputeMark(const ComputeMark&) = delete;
+  ComputeMark& operator=(const ComputeMark&) = delete;
+  void record();  // on the compute stream, from the thread that launches on it
+ private:
+  friend class CopyQueue;
+  void* event_ = nullptr;  // cudaEvent_t, made on the first record()
+};
+
+// Host->device copies on a stream of their own, created non-blocking so that they run beside
+// the compute stream's kernels (the legacy default stream would serialise them). Used by one
+// thread at a time; every call first makes the device that was current at construction current
+// on the calling thread (an I/O thread starts on device 0). Aborts in a build without CUDA.
+class CopyQueue {
+ public:
+  CopyQueue();
+  ~CopyQueue();
+  CopyQueue(const CopyQueue&) = delete;
+  CopyQueue& operator=(const CopyQueue&) = delete;
+  // Later copies start only once the compute work before MARK's last record() is done.
+  void wait(const ComputeMark& mark);
+  void to_device(void* device_dst, const void* pinned_src, std::size_t bytes);
+  // The calling thread blocks until every queued copy has landed.
+  void finish();
+
+ private:
+  void* stream_ = nullptr;  // cudaStream_t
+  int device_ = 0;
+};
+
 // Copies BYTES between any two devices; synchronous with respect to the host.
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
 // Waits for all work queued on the current cuda device (no-op without CUDA).

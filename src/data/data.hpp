@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/device_memory.hpp"
 #include "core/hdf5.hpp"
 #include "core/tensor.hpp"
 
@@ -321,12 +322,13 @@ class SampleCache {
 // available pages) divided by RANKS_PER_NODE, in bytes.
 std::size_t available_memory_per_rank(int ranks_per_node);
 
-// One batch of the ring: host tensors planned at construction. On a GPU build these become
-// pinned host buffers plus device copies filled on a copy stream, with an event the compute
-// stream waits on (the host->device copy goes at the end of Prefetcher's fill, on the I/O thread).
+// One batch of the ring: host tensors planned at construction. A prefetcher that delivers to
+// the cuda device (Prefetcher::deliver_to) holds them in pinned memory and also fills the
+// device copies, on its I/O thread's own copy stream, before it hands the batch out.
 struct Batch {
   Tensor samples;                     // f32 [batch_per_rank, sample_shape...]
   Tensor labels;                      // i32 [batch_per_rank]
+  Tensor device_samples, device_labels;  // the same on the cuda device (deliver_to), else empty
   std::vector<std::int64_t> indices;  // the global sample indices, in batch order
   std::int64_t epoch = 0;
   std::int64_t step = 0;  // within the epoch
@@ -370,19 +372,31 @@ class Prefetcher {
   void release();
   // Stops the I/O threads and joins them; pending batches are dropped. Idempotent.
   void stop();
+  // Device::cuda: every batch also arrives on the current cuda device, ready when next()
+  // returns it. The host buffers move to pinned memory and each slot gets device buffers (all
+  // planned here); an I/O thread copies a batch over on a copy stream of its own right after
+  // reading it and waits for the copy there, so the trainer's thread never waits on a copy.
+  // release() marks the compute stream's progress, and the copy that refills a slot waits on the
+  // device for the kernels that read its previous batch. Device::cpu: nothing changes. Call
+  // before start(); the current device must be the one to train on.
+  void deliver_to(Device device);
 
  private:
   struct Slot {
     Batch batch;
     std::int64_t sequence = -1;  // which batch of the run it holds; ready once filled
     bool ready = false;
+    // cuda delivery: recorded by release() after the launches that read the batch.
+    std::unique_ptr<device_memory::ComputeMark> consumed;
   };
   void io_loop(int worker);
-  void fill(int worker, ShardPlan& plan, std::int64_t sequence, Batch& batch);
+  void fill(int worker, ShardPlan& plan, std::int64_t sequence, Slot& slot);
   std::pair<std::int64_t, std::int64_t> position_of(std::int64_t sequence) const;
 
   std::vector<DatasetReader*> readers_;
   std::vector<ShardPlan> plans_;  // one per I/O thread: ShardPlan caches its permutation
+  Device device_ = Device::cpu;   // where batches are delivered (deliver_to)
+  std::vector<std::unique_ptr<device_memory::CopyQueue>> copy_queues_;  // one per I/O thread
   PrefetchOptions options_;
   std::vector<Slot> slots_;       // depth + 1, or 1 when reading synchronously
   std::int64_t steps_per_epoch_ = 0;

@@ -124,6 +124,23 @@ Prefetcher::Prefetcher(std::vector<DatasetReader*> readers, const ShardPlan& pla
 
 Prefetcher::~Prefetcher() { stop(); }
 
+void Prefetcher::deliver_to(Device device) {
+  if (!threads_.empty() || !stopping_) abort_job("Prefetcher::deliver_to: called after start()");
+  device_ = device;
+  if (device == Device::cpu) return;
+  for (Slot& slot : slots_) {
+    Batch& batch = slot.batch;
+    batch.samples = device_memory::pinned_host_tensor(batch.samples.shape(), DType::f32);
+    batch.labels = device_memory::pinned_host_tensor(batch.labels.shape(), DType::i32);
+    batch.device_samples = Tensor(batch.samples.shape(), DType::f32, device);
+    batch.device_labels = Tensor(batch.labels.shape(), DType::i32, device);
+    slot.consumed = std::make_unique<device_memory::ComputeMark>();
+  }
+  copy_queues_.clear();
+  for (std::size_t worker = 0; worker < plans_.size(); ++worker)
+    copy_queues_.push_back(std::make_unique<device_memory::CopyQueue>());
+}
+
 std::pair<std::int64_t, std::int64_t> Prefetcher::position_of(std::int64_t sequence) const {
   const std::int64_t absolute = first_step_ + sequence;
   return {first_epoch_ + absolute / steps_per_epoch_, absolute % steps_per_epoch_};
@@ -162,7 +179,8 @@ void Prefetcher::stop() {
   threads_.clear();
 }
 
-void Prefetcher::fill(int worker, ShardPlan& plan, std::int64_t sequence, Batch& batch) {
+void Prefetcher::fill(int worker, ShardPlan& plan, std::int64_t sequence, Slot& slot) {
+  Batch& batch = slot.batch;
   const auto [epoch, step] = position_of(sequence);
   if (options_.before_read) options_.before_read(epoch, step);
   if (options_.read_delay_ms > 0) {
@@ -177,8 +195,15 @@ void Prefetcher::fill(int worker, ShardPlan& plan, std::int64_t sequence, Batch&
                                                          batch.labels);
   batch.epoch = epoch;
   batch.step = step;
-  // GPU build: here the I/O thread enqueues the host->device copy of the (pinned) samples and
-  // labels on its copy stream and records an event; next() hands the event to the compute stream.
+  if (device_ == Device::cpu) return;
+  // The device buffers may still be read by the kernels of the slot's previous batch: the copy
+  // waits for them on the device. This thread then waits for the copy, so that a batch marked
+  // ready is ready on the device too, and the trainer's thread never waits on a copy.
+  device_memory::CopyQueue& queue = *copy_queues_[static_cast<std::size_t>(worker)];
+  queue.wait(*slot.consumed);
+  queue.to_device(batch.device_samples.raw(), batch.samples.raw(), batch.samples.size_bytes());
+  queue.to_device(batch.device_labels.raw(), batch.labels.raw(), batch.labels.size_bytes());
+  queue.finish();
 }
 
 void Prefetcher::io_loop(int worker) {
@@ -194,7 +219,7 @@ void Prefetcher::io_loop(int worker) {
       if (stopping_ || (error_ && error_sequence_ < sequence)) return;
     }
     try {
-      fill(worker, plans_[static_cast<std::size_t>(worker)], sequence, slot.batch);
+      fill(worker, plans_[static_cast<std::size_t>(worker)], sequence, slot);
     } catch (...) {
       {
         std::lock_guard lock(mutex_);
@@ -226,7 +251,7 @@ const Batch& Prefetcher::next() {
   const std::int64_t sequence = taken_;
   if (options_.depth == 0) {
     Slot& slot = slots_.front();
-    fill(0, plans_.front(), sequence, slot.batch);  // throws straight to the caller
+    fill(0, plans_.front(), sequence, slot);  // throws straight to the caller
     slot.sequence = sequence;
   } else {
     Slot& slot =
@@ -246,6 +271,9 @@ const Batch& Prefetcher::next() {
 void Prefetcher::release() {
   if (!holding_) abort_job("Prefetcher::release: no batch is held");
   holding_ = false;
+  Slot& slot = slots_[static_cast<std::size_t>(released_ % static_cast<std::int64_t>(slots_.size()))];
+  // Before the slot is handed back: the copy that refills it waits for this mark.
+  if (slot.consumed) slot.consumed->record();
   if (options_.depth == 0) {
     ++released_;
     return;

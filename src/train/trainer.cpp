@@ -906,6 +906,8 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
       const std::string spec = config.model.layers.empty() ? config.model.name : config.model.layers;
       model.emplace(nn::Model::build(spec, info.sample_shape, info.num_classes,
                                      precision_dtype(config.amp), state_->device));
+      // The batches arrive on the device too: pinned host buffers, copied on the I/O threads.
+      state_->input.prefetcher->deliver_to(state_->device);
     }
     state_->allreduce =
         comm::resolve_allreduce(config.comm, *state_->topology, model->grads().dtype());
@@ -1004,10 +1006,6 @@ TrainSummary Trainer::run() {
   // prefetcher). Its I/O threads start now, so the first batches load during the broadcast.
   model->plan(batch);
   Tensor dlogits({batch, model->num_classes()}, DType::f32, model->device());
-  // On the cuda device each host batch from the prefetcher is copied into these, planned once.
-  Tensor device_samples =
-      on_cuda ? Tensor(concat_shape(batch, info.sample_shape), DType::f32, model->device()) : Tensor();
-  Tensor device_labels = on_cuda ? Tensor({batch}, DType::i32, model->device()) : Tensor();
 
   // Resume (--resume): rank 0 reads and verifies the checkpoint; the others learn where the run
   // continues from one broadcast now, and the tensors once the optimizer exists.
@@ -1390,12 +1388,9 @@ TrainSummary Trainer::run() {
           if (state_->fault.kind == "exit") std::_Exit(1);
           std::abort();
         }
-        if (on_cuda) {
-          kernels::copy(input.samples, device_samples);
-          kernels::copy(input.labels, device_labels);
-        }
-        const Tensor& samples = on_cuda ? device_samples : input.samples;
-        const Tensor& labels = on_cuda ? device_labels : input.labels;
+        // On cuda the prefetcher's I/O thread has already copied the batch over.
+        const Tensor& samples = on_cuda ? input.device_samples : input.samples;
+        const Tensor& labels = on_cuda ? input.device_labels : input.labels;
         const Tensor& logits = model->forward(samples, /*training=*/true);
         const auto stats = kernels::softmax_xent_forward_backward(
             logits, labels, dlogits, grad_scale * static_cast<float>(loss_scale));
