@@ -135,9 +135,12 @@ po::options_description train_options(TrainCommand& out) {
   po::options_description comm("[comm]", kHelpWidth, kHelpWidth / 2);
   comm.add_options()
       ("comm.allreduce", po::value(&run.comm.allreduce)->default_value("auto"),
-       "auto (hierarchical with shm where ranks share memory, else flat-mpi) | flat-mpi | hierarchical")
+       "auto (hierarchical: with nccl on cuda where built, with shm where ranks share memory; "
+       "else flat-mpi) | flat-mpi | flat-nccl (ncclAllReduce on the world, --device=cuda) | "
+       "hierarchical")
       ("comm.intra", po::value(&run.comm.intra)->default_value("auto"),
-       "hierarchical's intra-node backend: auto | shm (MPI-3 shared-memory window) | mpi")
+       "hierarchical's intra-node backend: auto (nccl on cuda where built, else shm) | shm (MPI-3 "
+       "shared-memory window) | mpi | nccl (ncclReduceScatter/AllGather on the device gradients)")
       ("comm.ranks-per-node", po::value(&run.comm.ranks_per_node)->default_value(0),
        "emulate nodes of K consecutive ranks (0: the shared-memory domains MPI reports)")
       ("comm.bucket-mb", po::value(&run.comm.bucket_mb)->default_value(25, "25"),

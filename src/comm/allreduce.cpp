@@ -1,7 +1,8 @@
 // The all-reduce algorithms (see allreduce.hpp): flat MPI, and hierarchical with an MPI or a
-// shared-memory intra-node backend. Every element is summed by exactly one rank (its shard's
-// owner, or MPI's reduction, which ends equal on every rank) and then copied, so all ranks end
-// with the same bits.
+// shared-memory intra-node backend; flat NCCL and the nccl intra-node backend live in
+// nccl_allreduce.cpp (built only with CUDA and NCCL), which Allreducer hands device data to.
+// Every element is summed by exactly one rank (its shard's owner, or MPI's reduction, which ends
+// equal on every rank) and then copied, so all ranks end with the same bits.
 #include "comm/allreduce.hpp"
 
 #include <sched.h>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "comm/half_sum.hpp"
+#include "comm/nccl_allreduce.hpp"
 #include "comm/wire.hpp"
 #include "core/error.hpp"
 
@@ -111,17 +113,77 @@ bool is_reducible(DType dtype) {
 }  // namespace
 
 const char* algorithm_name(Algorithm algorithm) {
-  return algorithm == Algorithm::flat_mpi ? "flat-mpi" : "hierarchical";
+  switch (algorithm) {
+    case Algorithm::flat_mpi:
+      return "flat-mpi";
+    case Algorithm::flat_nccl:
+      return "flat-nccl";
+    default:
+      return "hierarchical";
+  }
 }
 
-const char* intra_name(IntraBackend intra) { return intra == IntraBackend::mpi ? "mpi" : "shm"; }
+const char* intra_name(IntraBackend intra) {
+  switch (intra) {
+    case IntraBackend::mpi:
+      return "mpi";
+    case IntraBackend::nccl:
+      return "nccl";
+    default:
+      return "shm";
+  }
+}
+
+bool nccl_built() {
+#ifdef MPTRAIN_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool uses_nccl(const AllreduceConfig& config) {
+  return config.algorithm == Algorithm::flat_nccl ||
+         (config.algorithm == Algorithm::hierarchical && config.intra == IntraBackend::nccl);
+}
+
+#ifndef MPTRAIN_HAVE_NCCL
+SharedGpus find_shared_gpus(const Topology&) { return {}; }  // (nccl_allreduce.cpp otherwise)
+#endif
+
+namespace {
+
+// Where OPTION (--comm.intra=nccl, --comm.allreduce=flat-nccl) cannot run: no NCCL in the
+// build, gradients on the host, or two ranks of one communicator on the same GPU (SHARED).
+void require_nccl(const std::string& option, Device device, const std::string& shared) {
+  MPT_REQUIRE(nccl_built(), option + ": this build has no NCCL",
+              "rebuild with -DMPTRAIN_ENABLE_CUDA=ON where NCCL is found (docs/gpu.md), or use "
+              "--comm.intra=auto, shm or mpi and --comm.allreduce=auto, flat-mpi or hierarchical");
+  MPT_REQUIRE(device == Device::cuda,
+              option + ": the gradients are on the cpu, NCCL reduces GPU memory",
+              "train with --device=cuda (one GPU per rank), or use --comm.intra=auto, shm or mpi "
+              "and --comm.allreduce=auto, flat-mpi or hierarchical");
+  MPT_REQUIRE(shared.empty(), option + ": " + shared + ", and NCCL needs a GPU per rank",
+              "run at most one rank per GPU, or use --comm.intra=shm or mpi (--comm.allreduce="
+              "flat-mpi), which stage the gradients through host memory");
+}
+
+}  // namespace
 
 AllreduceConfig resolve_allreduce(const CommOptions& options, const Topology& topology,
-                                  DType grad_dtype) {
+                                  DType grad_dtype, Device device, const SharedGpus& shared) {
   AllreduceConfig config;
   const bool shm_possible = topology.shm_capable();
+  // auto on cuda takes NCCL where it can run; elsewhere (and where ranks share a GPU) the host
+  // backends, on gradients the caller stages through host memory.
+  const bool nccl_possible = nccl_built() && device == Device::cuda && shared.in_node.empty();
   if (options.intra == "auto") {
-    config.intra = shm_possible ? IntraBackend::shm : IntraBackend::mpi;
+    config.intra = nccl_possible  ? IntraBackend::nccl
+                   : shm_possible ? IntraBackend::shm
+                                  : IntraBackend::mpi;
+  } else if (options.intra == "nccl") {
+    require_nccl("--comm.intra=nccl", device, shared.in_node);
+    config.intra = IntraBackend::nccl;
   } else if (options.intra == "shm") {
     MPT_REQUIRE(shm_possible, "--comm.intra=shm: the ranks of a node do not all share memory",
                 "use --comm.intra=mpi, or a --comm.ranks-per-node that divides the ranks per host");
@@ -130,19 +192,24 @@ AllreduceConfig resolve_allreduce(const CommOptions& options, const Topology& to
     config.intra = IntraBackend::mpi;
   } else {
     throw_user_error("--comm.intra: unknown backend '" + options.intra + "'",
-                     "use auto, shm or mpi");
+                     "use auto, shm, mpi or nccl");
   }
 
   if (options.allreduce == "auto") {
-    config.algorithm =
-        topology.size() > 1 && shm_possible ? Algorithm::hierarchical : Algorithm::flat_mpi;
+    // With nccl even on one rank: the device gradients then never leave the device.
+    config.algorithm = config.intra == IntraBackend::nccl || (topology.size() > 1 && shm_possible)
+                           ? Algorithm::hierarchical
+                           : Algorithm::flat_mpi;
   } else if (options.allreduce == "flat-mpi") {
     config.algorithm = Algorithm::flat_mpi;
+  } else if (options.allreduce == "flat-nccl") {
+    require_nccl("--comm.allreduce=flat-nccl", device, shared.in_world);
+    config.algorithm = Algorithm::flat_nccl;
   } else if (options.allreduce == "hierarchical") {
     config.algorithm = Algorithm::hierarchical;
   } else {
     throw_user_error("--comm.allreduce: unknown algorithm '" + options.allreduce + "'",
-                     "use auto, flat-mpi or hierarchical");
+                     "use auto, flat-mpi, flat-nccl or hierarchical");
   }
 
   if (options.wire_dtype == "auto") {
@@ -233,7 +300,8 @@ struct Allreducer::Impl {
   std::uint64_t barriers = 0;      // node barriers passed: the same count on every rank of the node
   std::int64_t half_bytes = 0;
   int half = 0;
-  std::shared_ptr<SharedBuffer> registered;  // the buffer whose peers' parts the sums read
+  std::shared_ptr<SharedBuffer> registered;     // the buffer whose peers' parts the sums read
+  std::unique_ptr<detail::NcclAllreduce> nccl;  // flat-nccl and hierarchical nccl: all of it
 };
 
 Allreducer::Impl::Impl(const Topology& topology, const AllreduceConfig& config)
@@ -245,6 +313,14 @@ Allreducer::Impl::Impl(const Topology& topology, const AllreduceConfig& config)
   const std::int64_t segment =
       std::max(2 * kShmAlign, config.shm_segment_bytes / (2 * kShmAlign) * (2 * kShmAlign));
   half_bytes = segment / 2;
+  if (uses_nccl(config)) {
+#ifdef MPTRAIN_HAVE_NCCL
+    nccl = detail::make_nccl_allreduce(topology, config);
+#else
+    abort_job("comm::Allreducer: this build has no NCCL (resolve_allreduce refuses nccl here)");
+#endif
+    return;
+  }
   const bool use_shm = config.algorithm == Algorithm::hierarchical &&
                        config.intra == IntraBackend::shm && topology.size() > 1;
   if (!use_shm || local_size == 1) return;  // (a node of one rank needs no window)
@@ -714,6 +790,8 @@ void Allreducer::allreduce(void* data, std::int64_t count, DType dtype) {
     abort_job(std::string("comm::Allreducer::allreduce: cannot reduce ") + std::to_string(count) +
               " elements of " + dtype_name(dtype));
   if (count == 0) return;
+  // NCCL before the size-1 shortcut: its data is on the device, where MPI cannot reach it.
+  if (impl_->nccl) return impl_->nccl->allreduce(data, count, dtype);
   if (topology_.size() == 1 || config_.algorithm == Algorithm::flat_mpi)
     return impl_->flat(data, count, dtype);
   if (config_.intra == IntraBackend::shm) {

@@ -1,7 +1,8 @@
 // The all-reduce algorithms: plain synchronous functions of a Topology and a buffer, so that each
 // is tested alone and the overlap engine (GradientReducer's thread) merely calls them.
 //   flat-mpi      MPI_Allreduce on the world.
-//   hierarchical  1. reduce-scatter inside the node (intra backend mpi or shm),
+//   flat-nccl     ncclAllReduce on the world, over device memory (nccl_allreduce.hpp).
+//   hierarchical  1. reduce-scatter inside the node (intra backend mpi, shm or nccl),
 //                 2. all-reduce of each owned shard across nodes, on the shard's rail (MPI),
 //                 3. all-gather inside the node.
 #pragma once
@@ -18,8 +19,8 @@ namespace mpt::comm {
 
 // The [comm] options, as parsed (names validated by resolve_allreduce()).
 struct CommOptions {
-  std::string allreduce = "auto";   // auto | flat-mpi | hierarchical
-  std::string intra = "auto";       // auto | shm | mpi: hierarchical's intra-node backend
+  std::string allreduce = "auto";   // auto | flat-mpi | flat-nccl | hierarchical
+  std::string intra = "auto";       // auto | shm | mpi | nccl: hierarchical's intra-node backend
   int ranks_per_node = 0;           // 0: shared-memory domains; K: groups of K ranks
   double bucket_mb = 25;            // gradient bucket size; 0: one bucket after backward
   double first_bucket_mb = 1;       // the first bucket (the last layers' gradients)
@@ -31,8 +32,8 @@ struct CommOptions {
   double stall_timeout_s = 300;
 };
 
-enum class Algorithm { flat_mpi, hierarchical };
-enum class IntraBackend { mpi, shm };
+enum class Algorithm { flat_mpi, hierarchical, flat_nccl };
+enum class IntraBackend { mpi, shm, nccl };
 // How the shm backend's node barrier waits for a late peer once a short spin is over: sleep (a
 // futex the peer's arrival wakes: the core goes to the rank's other threads, such as backward
 // beside a communication thread) or yield (the core goes to whatever else is runnable, most
@@ -59,19 +60,42 @@ struct AllreduceConfig {
   // per chunk cost latency that one node does not pay (docs/architecture.md).
   std::int64_t rail_batch_bytes = std::int64_t{2} << 20;
   BarrierWait barrier_wait = BarrierWait::automatic;
+  // The nccl backend: phase 2 through the pinned host buffers and MPI even on one node, where
+  // every rail is a single rank and it changes nothing: how a one-GPU test runs that path.
+  bool nccl_stage_one_node = false;
 };
 
-const char* algorithm_name(Algorithm algorithm);  // "flat-mpi", "hierarchical"
-const char* intra_name(IntraBackend intra);       // "mpi", "shm"
+const char* algorithm_name(Algorithm algorithm);  // "flat-mpi", "hierarchical", "flat-nccl"
+const char* intra_name(IntraBackend intra);       // "mpi", "shm", "nccl"
 
-// OPTIONS' names resolved for TOPOLOGY and gradients of GRAD_DTYPE. auto: hierarchical with shm
-// when the world has more than one rank and the node shares memory, else flat-mpi. Throws
-// UserError naming the option (--comm.allreduce, --comm.intra, --comm.wire-dtype) when a name is
-// unknown or shm is asked for where ranks do not share memory. prescale and postscale stay 1:
-// the trainer folds 1/global_batch into the gradients and wants the plain sum; a caller that
-// averages (the benchmark) sets them.
+// True where this build has the nccl backend (CUDA and NCCL were found: MPTRAIN_HAVE_NCCL).
+bool nccl_built();
+// True when CONFIG's algorithm runs NCCL (flat-nccl, or hierarchical with the nccl intra
+// backend): then allreduce() takes data in the current cuda device's memory, never host memory.
+bool uses_nccl(const AllreduceConfig& config);
+
+// Which ranks would hand NCCL the same GPU (NCCL refuses a communicator where two ranks share
+// one): a line such as "ranks 0 and 1 share the GPU 0000:1b:00.0 on HOST", or empty when none.
+struct SharedGpus {
+  std::string in_node;   // two ranks of one node (the hierarchical nccl backend's communicator)
+  std::string in_world;  // two ranks anywhere (flat-nccl's)
+};
+// Collective over TOPOLOGY's world, every rank bound to its cuda device: compares the devices'
+// host and PCI bus ids. Both empty in a build without NCCL (and then not collective).
+SharedGpus find_shared_gpus(const Topology& topology);
+
+// OPTIONS' names resolved for TOPOLOGY and gradients of GRAD_DTYPE on DEVICE. auto on the cpu:
+// hierarchical with shm when the world has more than one rank and the node shares memory, else
+// flat-mpi. auto on cuda: hierarchical with nccl where this build has it and no two ranks of a
+// node share a GPU (SHARED, from find_shared_gpus), else as on the cpu (the caller stages the
+// gradients through host memory). Throws UserError naming the option (--comm.allreduce,
+// --comm.intra, --comm.wire-dtype) when a name is unknown, shm is asked for where ranks do not
+// share memory, or nccl (flat-nccl) where the build has no NCCL, the gradients are not on cuda
+// or ranks share a GPU. prescale and postscale stay 1: the trainer folds 1/global_batch into
+// the gradients and wants the plain sum; a caller that averages (the benchmark) sets them.
 AllreduceConfig resolve_allreduce(const CommOptions& options, const Topology& topology,
-                                  DType grad_dtype);
+                                  DType grad_dtype, Device device = Device::cpu,
+                                  const SharedGpus& shared = {});
 
 // One algorithm bound to a topology, with the state it needs (the shm window, wire scratch).
 // Collective to construct, to call and to destroy (the shm window is freed over the node):
@@ -85,7 +109,9 @@ class Allreducer {
   Allreducer& operator=(const Allreducer&) = delete;
 
   // In place: DATA[0, COUNT) of DTYPE (f32, f16 or bf16) <- postscale * sum over ranks of
-  // (prescale * DATA). Every rank ends with the same bits. COUNT may be 0.
+  // (prescale * DATA). Every rank ends with the same bits. COUNT may be 0. DATA is host memory,
+  // or device memory when uses_nccl(config()): then the call returns once the result is there
+  // (the nccl backend orders itself after the work already queued on the compute stream).
   void allreduce(void* data, std::int64_t count, DType dtype);
   void allreduce(Tensor& data) { allreduce(data.raw(), data.numel(), data.dtype()); }
   // Registers BUFFER (built over this topology's node; collective: every rank of the world

@@ -83,12 +83,18 @@ amp::LossScalerOptions scaler_options(const PrecisionConfig& amp) {
 // extra collective.
 void poison(Tensor& grads) {
   if (grads.numel() == 0) return;
+  // The first element's NaN, written in place, or copied over for device gradients (the nccl
+  // all-reduce reduces them where they are).
+  const float f32_nan = std::nanf("");
+  const std::uint16_t f16_nan = 0x7e00u, bf16_nan = 0x7fc0u;
+  const void* nan = nullptr;
   switch (grads.dtype()) {
-    case DType::f32: grads.data<float>()[0] = std::nanf(""); break;
-    case DType::f16: static_cast<std::uint16_t*>(grads.raw())[0] = 0x7e00u; break;
-    case DType::bf16: static_cast<std::uint16_t*>(grads.raw())[0] = 0x7fc0u; break;
+    case DType::f32: nan = &f32_nan; break;
+    case DType::f16: nan = &f16_nan; break;
+    case DType::bf16: nan = &bf16_nan; break;
     default: abort_job("Trainer: gradients must be f32, f16 or bf16");
   }
+  device_memory::copy(grads.raw(), grads.device(), nan, Device::cpu, dtype_size(grads.dtype()));
 }
 
 // A parsed MPTRAIN_FAULT: which rank gets which fault at which step.
@@ -898,6 +904,11 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
                            thread_level >= MPI_THREAD_MULTIPLE);
   state_->topology.emplace(world.handle(), config.comm.ranks_per_node);
   state_->device = select_device(config, *state_->topology, world);
+  // The nccl backend needs a GPU per rank; which ranks share one is found by a collective, so
+  // here, before the agreed phase that resolves the --comm options.
+  const comm::SharedGpus shared_gpus = state_->device == Device::cuda && comm::nccl_built()
+                                           ? comm::find_shared_gpus(*state_->topology)
+                                           : comm::SharedGpus{};
   world.run_agreed([&] {
     // The model was built on the host during setup (the device is chosen after the topology):
     // on cuda it is built again there, before anything refers to its buffers.
@@ -910,7 +921,8 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
       state_->input.prefetcher->deliver_to(state_->device);
     }
     state_->allreduce =
-        comm::resolve_allreduce(config.comm, *state_->topology, model->grads().dtype());
+        comm::resolve_allreduce(config.comm, *state_->topology, model->grads().dtype(),
+                                state_->device, shared_gpus);
     // No pre-scaling, also for a 16-bit wire: the gradients already carry 1/global batch (the
     // loss gradient's scale), so rank r sends (1/N) x (the mean of its B samples' gradients).
     // Every partial sum is thus bounded by the largest per-sample gradient, like the final
@@ -960,12 +972,14 @@ TrainSummary Trainer::run() {
   };
   const std::shared_ptr<comm::SharedBuffer> shared_grads =
       share_gradients(*model, topology, allreduce);
-  // On the cuda device the all-reduce (host memory only) works on a host copy of the gradients,
-  // planned once: backward's gradients are copied into it, reduced, and copied back. Hence no
-  // overlap there, whatever --comm.overlap says.
+  // On the cuda device the nccl backend reduces the device gradients in place. The host
+  // backends work on a host copy of them instead, planned once: backward's gradients are copied
+  // into it, reduced, and copied back. Either way no overlap there (the buckets go after
+  // backward), whatever --comm.overlap says.
   const bool on_cuda = model->device() != Device::cpu;
-  Tensor staged_grads = on_cuda ? Tensor(model->grads().shape(), model->grads().dtype()) : Tensor();
-  Tensor& reduced_grads = on_cuda ? staged_grads : model->grads();
+  const bool staged = on_cuda && !comm::uses_nccl(allreduce);
+  Tensor staged_grads = staged ? Tensor(model->grads().shape(), model->grads().dtype()) : Tensor();
+  Tensor& reduced_grads = staged ? staged_grads : model->grads();
   state_->reducer.emplace(topology, allreduce, reduced_grads, model->param_offsets(),
                           mib(config.comm.bucket_mb), mib(config.comm.first_bucket_mb),
                           shared_grads);
@@ -995,7 +1009,8 @@ TrainSummary Trainer::run() {
     else
       std::printf(" (one bucket after backward)");
     std::printf(", overlap %s", overlap ? "on"
-                                : on_cuda ? "off (gradients staged from the cuda device after backward)"
+                                : staged  ? "off (gradients staged from the cuda device after backward)"
+                                : on_cuda ? "off (device gradients all-reduced by NCCL after backward)"
                                           : "off (buckets after backward)");
     std::printf("\n");
     if (config.model.print) std::printf("%s", model->summary().c_str());
@@ -1440,7 +1455,7 @@ TrainSummary Trainer::run() {
           // No backward ran on this rank (non-finite loss): nothing is launched yet, so the
           // gradients can still be written; every bucket goes at wait().
           if (accumulating) add_accumulated(0);
-          if (on_cuda) kernels::copy(grads, staged_grads);  // to the host, for the all-reduce
+          if (staged) kernels::copy(grads, staged_grads);  // to the host, for the all-reduce
           if (must_poison) poison(reduced_grads);
         }
         window_backward += seconds_since(backward_start);
@@ -1461,7 +1476,7 @@ TrainSummary Trainer::run() {
       const auto wait_called = Clock::now();
       comm::set_phase(comm::Phase::allreduce);
       reducer.wait();
-      if (on_cuda) kernels::copy(staged_grads, grads);  // the all-reduced sum, back to the device
+      if (staged) kernels::copy(staged_grads, grads);  // the all-reduced sum, back to the device
       window_comm += reducer.last_comm_seconds();
       window_exposed += reducer.last_exposed_seconds();
       total_comm += reducer.last_comm_seconds();

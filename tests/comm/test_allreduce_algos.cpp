@@ -515,6 +515,81 @@ TEST(ResolveAllreduce, ExplicitNamesAreHonoured) {
   EXPECT_STREQ(algorithm_name(Algorithm::hierarchical), "hierarchical");
   EXPECT_STREQ(intra_name(IntraBackend::shm), "shm");
   EXPECT_STREQ(intra_name(IntraBackend::mpi), "mpi");
+  EXPECT_STREQ(algorithm_name(Algorithm::flat_nccl), "flat-nccl");
+  EXPECT_STREQ(intra_name(IntraBackend::nccl), "nccl");
+}
+
+TEST(ResolveAllreduce, AutoTakesNcclOnCudaWhereBuiltAndEveryRankHasItsGpu) {
+  // Arithmetic on the options only: no GPU is touched, so this runs on the CPU machine too.
+  const Topology topology(MPI_COMM_WORLD, 0);
+  const CommOptions options;
+  AllreduceConfig config = resolve_allreduce(options, topology, DType::f16, Device::cuda);
+  EXPECT_EQ(uses_nccl(config), nccl_built());
+  if (nccl_built()) {
+    EXPECT_EQ(config.algorithm, Algorithm::hierarchical) << "even on one rank";
+    EXPECT_EQ(config.intra, IntraBackend::nccl);
+  }
+  // Ranks of a node on one GPU: auto keeps the host backends (staged gradients).
+  SharedGpus shared;
+  shared.in_node = shared.in_world = "ranks 0 and 1 share the GPU 0000:01:00.0 on host";
+  config = resolve_allreduce(options, topology, DType::f16, Device::cuda, shared);
+  EXPECT_FALSE(uses_nccl(config));
+  EXPECT_NE(config.intra, IntraBackend::nccl);
+  // On the cpu, never.
+  config = resolve_allreduce(options, topology, DType::f32, Device::cpu);
+  EXPECT_FALSE(uses_nccl(config));
+  if (!nccl_built()) return;
+  // Explicit choices where NCCL can run.
+  CommOptions explicit_options;
+  explicit_options.allreduce = "flat-nccl";
+  config = resolve_allreduce(explicit_options, topology, DType::bf16, Device::cuda);
+  EXPECT_EQ(config.algorithm, Algorithm::flat_nccl);
+  EXPECT_TRUE(uses_nccl(config));
+  explicit_options.allreduce = "hierarchical";
+  explicit_options.intra = "nccl";
+  config = resolve_allreduce(explicit_options, topology, DType::f32, Device::cuda);
+  EXPECT_EQ(config.intra, IntraBackend::nccl);
+  EXPECT_TRUE(uses_nccl(config));
+  explicit_options.allreduce = "flat-mpi";  // intra is hierarchical's: flat-mpi stays on MPI
+  config = resolve_allreduce(explicit_options, topology, DType::f32, Device::cuda);
+  EXPECT_FALSE(uses_nccl(config));
+}
+
+TEST(ResolveAllreduce, NcclWhereItCannotRunIsAUserErrorNamingTheOption) {
+  const Topology topology(MPI_COMM_WORLD, 0);
+  const auto error_for = [&](CommOptions options, Device device, SharedGpus shared = {}) {
+    return test::user_error_text(
+        [&] { resolve_allreduce(options, topology, DType::f32, device, shared); });
+  };
+  // The reason depends on the build: no NCCL in it, or the gradients on the cpu.
+  const std::string why_cpu =
+      nccl_built() ? ": the gradients are on the cpu, NCCL reduces GPU memory (hint: train with "
+                     "--device=cuda (one GPU per rank), or use --comm.intra=auto, shm or mpi and "
+                     "--comm.allreduce=auto, flat-mpi or hierarchical)"
+                   : ": this build has no NCCL (hint: rebuild with -DMPTRAIN_ENABLE_CUDA=ON where "
+                     "NCCL is found (docs/gpu.md), or use --comm.intra=auto, shm or mpi and "
+                     "--comm.allreduce=auto, flat-mpi or hierarchical)";
+  CommOptions options;
+  options.intra = "nccl";
+  EXPECT_EQ(error_for(options, Device::cpu), "--comm.intra=nccl" + why_cpu);
+  options = CommOptions{};
+  options.allreduce = "flat-nccl";
+  EXPECT_EQ(error_for(options, Device::cpu), "--comm.allreduce=flat-nccl" + why_cpu);
+  if (!nccl_built()) return;
+  SharedGpus shared;
+  shared.in_world = "ranks 2 and 5 share the GPU 0000:01:00.0 on b";
+  EXPECT_EQ(error_for(options, Device::cuda, shared),
+            "--comm.allreduce=flat-nccl: ranks 2 and 5 share the GPU 0000:01:00.0 on b, and NCCL "
+            "needs a GPU per rank (hint: run at most one rank per GPU, or use --comm.intra=shm or "
+            "mpi (--comm.allreduce=flat-mpi), which stage the gradients through host memory)");
+  options = CommOptions{};
+  options.intra = "nccl";
+  // Two ranks on one GPU in different nodes: each node's communicator is fine.
+  EXPECT_EQ(resolve_allreduce(options, topology, DType::f32, Device::cuda, shared).intra,
+            IntraBackend::nccl);
+  shared.in_node = "ranks 0 and 1 share the GPU 0000:01:00.0 on a";
+  EXPECT_NE(error_for(options, Device::cuda, shared).find("--comm.intra=nccl: ranks 0 and 1 share"),
+            std::string::npos);
 }
 
 TEST(ResolveAllreduce, UnknownNamesAreUserErrorsNamingTheOption) {
@@ -524,13 +599,13 @@ TEST(ResolveAllreduce, UnknownNamesAreUserErrorsNamingTheOption) {
   };
   CommOptions options;
   options.allreduce = "ring";
-  EXPECT_EQ(
-      error_for(options),
-      "--comm.allreduce: unknown algorithm 'ring' (hint: use auto, flat-mpi or hierarchical)");
-  options = CommOptions{};
-  options.intra = "nccl";
   EXPECT_EQ(error_for(options),
-            "--comm.intra: unknown backend 'nccl' (hint: use auto, shm or mpi)");
+            "--comm.allreduce: unknown algorithm 'ring' (hint: use auto, flat-mpi, flat-nccl or "
+            "hierarchical)");
+  options = CommOptions{};
+  options.intra = "nvlink";
+  EXPECT_EQ(error_for(options),
+            "--comm.intra: unknown backend 'nvlink' (hint: use auto, shm, mpi or nccl)");
   options = CommOptions{};
   options.wire_dtype = "fp8";
   EXPECT_EQ(error_for(options),

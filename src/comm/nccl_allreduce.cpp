@@ -1,0 +1,385 @@
+// The nccl backend (see nccl_allreduce.hpp), on device memory and one dedicated comm stream:
+//   flat-nccl     ncclAllReduce over the world;
+//   hierarchical  1. ncclReduceScatter inside the node (the remainder by ncclReduce),
+//                 2. each owned shard copied to pinned host memory, all-reduced with MPI on its
+//                    rail (the project's wire types and ops), and copied back,
+//                 3. ncclAllGather inside the node (the remainder by ncclBroadcast).
+// MPI never touches device memory (no CUDA-aware path), so MPI and NCCL never share a buffer.
+// Pre- and postscale are this file's scale-and-convert kernel (nccl_convert.cu), not ncclAvg or
+// ncclRedOpCreatePreMulSum: the arithmetic of the host backends, and nothing at all for 1.
+#include "comm/nccl_allreduce.hpp"
+
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "comm/half_sum.hpp"
+#include "comm/nccl_convert.hpp"
+#include "core/error.hpp"
+
+namespace mpt::comm {
+namespace detail {
+namespace {
+
+// Every NCCL communicator this process holds, so that a failed check can abort them all.
+std::mutex live_mutex;
+std::vector<ncclComm_t>& live_communicators() {
+  static std::vector<ncclComm_t> live;
+  return live;
+}
+
+// Before a failed check ends the job (check_failed aborts every rank), this rank's
+// communicators are aborted: ncclCommAbort stops their kernels and proxy threads instead of
+// leaving them spinning on a peer while the job goes down.
+void abort_live_communicators() {
+  std::vector<ncclComm_t> live;
+  {
+    const std::lock_guard<std::mutex> lock(live_mutex);
+    live.swap(live_communicators());
+  }
+  for (ncclComm_t comm : live) ncclCommAbort(comm);
+}
+
+bool nccl_ok(ncclResult_t result) { return result == ncclSuccess; }
+std::string nccl_failure(ncclResult_t result) {
+  // The detail first: aborting may replace NCCL's last error.
+  std::string text = ncclGetErrorString(result);
+  const char* last = ncclGetLastError(nullptr);
+  if (last != nullptr && *last != '\0') text += std::string(" (") + last + ")";
+  abort_live_communicators();
+  return text + " (hint: NCCL_DEBUG=INFO shows why, docs/gpu.md)";
+}
+bool cuda_ok(cudaError_t status) { return status == cudaSuccess; }
+std::string cuda_failure(cudaError_t status) {
+  abort_live_communicators();
+  return std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
+}
+
+// The checks of this file: the failing call as text, file:line, rank, host and device, then the
+// whole job ends (core/error.hpp's generator), after this rank's NCCL communicators are aborted.
+#define MPT_CHECK_NCCL(call) \
+  MPT_CHECK_GEN("NCCL", call, ::mpt::comm::detail::nccl_ok, ::mpt::comm::detail::nccl_failure)
+#define MPT_CHECK_CUDA(call) \
+  MPT_CHECK_GEN("CUDA", call, ::mpt::comm::detail::cuda_ok, ::mpt::comm::detail::cuda_failure)
+
+// Elements per MPI call: MPI counts are int. Every rank of a rail cuts a shard at the same places.
+constexpr std::int64_t kMaxMpiCount = std::int64_t{1} << 30;
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::bf16:
+      return ncclBfloat16;
+    default:
+      abort_job(std::string("comm: NCCL cannot reduce ") + dtype_name(dtype));
+  }
+}
+
+std::uint8_t* at(void* data, std::int64_t elements, std::size_t element_size) {
+  return static_cast<std::uint8_t*>(data) + static_cast<std::size_t>(elements) * element_size;
+}
+
+class NcclBackend final : public NcclAllreduce {
+ public:
+  NcclBackend(const Topology& topology, const AllreduceConfig& config);
+  ~NcclBackend() override;
+  NcclBackend(const NcclBackend&) = delete;
+  NcclBackend& operator=(const NcclBackend&) = delete;
+
+  void allreduce(void* data, std::int64_t count, DType dtype) override;
+
+ private:
+  // Phases 1-3 of the hierarchical algorithm on WIRE (N elements of the wire dtype, device),
+  // with the postscale on this rank's region before the gather when SCALE_REGION.
+  void hierarchical(void* wire, std::int64_t n, bool scale_region);
+  // Phase 2: this rank's region of WIRE through pinned host memory and MPI, shard by shard.
+  void rails(void* wire, std::int64_t n, Range mine);
+  // Waits for the comm stream (see the definition for why it polls).
+  void wait();
+  // A device buffer of at least BYTES (DEVICE_SCRATCH) or pinned host memory (HOST_STAGING):
+  // planned by the first, largest, bucket; later calls reuse it.
+  void* device_scratch(std::size_t bytes);
+  void* host_staging(std::size_t bytes);
+
+  const Topology& topology_;
+  const AllreduceConfig& config_;
+  const bool flat_;
+  const std::size_t wire_size_;
+  const ncclDataType_t wire_type_;
+  int device_ = 0;           // the cuda device the communicator was built on
+  int rank_ = 0, size_ = 1;  // in the NCCL communicator (node or world; the MPI rank there)
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;       // the comm stream: every NCCL call, copy and kernel here
+  cudaEvent_t compute_done_ = nullptr;  // where the compute stream was when a call began
+  SumOps ops_;                          // the MPI types and sums of the wire dtypes, for the rails
+  IntraPlan plan_;
+  void* scratch_ = nullptr;
+  std::size_t scratch_bytes_ = 0;
+  void* staging_ = nullptr;
+  std::size_t staging_bytes_ = 0;
+};
+
+NcclBackend::NcclBackend(const Topology& topology, const AllreduceConfig& config)
+    : topology_(topology),
+      config_(config),
+      flat_(config.algorithm == Algorithm::flat_nccl),
+      wire_size_(dtype_size(config.wire)),
+      wire_type_(nccl_type(config.wire)) {
+  MPT_CHECK_CUDA(cudaGetDevice(&device_));
+  // The communicator's members and ranks are the MPI communicator's: the node (so rank is the
+  // local rank, as the shard ownership assumes) or the world.
+  const MPI_Comm group = flat_ ? topology.world() : topology.node();
+  MPT_CHECK_MPI(MPI_Comm_rank(group, &rank_));
+  MPT_CHECK_MPI(MPI_Comm_size(group, &size_));
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof id);
+  if (rank_ == 0) MPT_CHECK_NCCL(ncclGetUniqueId(&id));
+  MPT_CHECK_MPI(MPI_Bcast(&id, static_cast<int>(sizeof id), MPI_BYTE, 0, group));
+  // Blocks until every member has joined (each node builds its own at the same time).
+  MPT_CHECK_NCCL(ncclCommInitRank(&comm_, size_, id, rank_));
+  {
+    const std::lock_guard<std::mutex> lock(live_mutex);
+    live_communicators().push_back(comm_);
+  }
+  // Non-blocking: no implicit order with the legacy default stream either way; allreduce()
+  // orders itself after the compute stream with an event, and the host waits for its end.
+  MPT_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  MPT_CHECK_CUDA(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
+}
+
+NcclBackend::~NcclBackend() {
+  {
+    const std::lock_guard<std::mutex> lock(live_mutex);
+    auto& live = live_communicators();
+    live.erase(std::remove(live.begin(), live.end(), comm_), live.end());
+  }
+  // Errors are not checked here: a destructor reports nothing, and the job is ending if any.
+  if (comm_ != nullptr) {
+    // ncclCommDestroy waits for the peers (it finalizes first); while an exception unwinds on
+    // this rank alone they may never come, so the communicator is aborted instead.
+    if (std::uncaught_exceptions() > 0) {
+      ncclCommAbort(comm_);
+    } else {
+      cudaStreamSynchronize(stream_);
+      ncclCommDestroy(comm_);
+    }
+  }
+  if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (scratch_ != nullptr) cudaFree(scratch_);
+  if (staging_ != nullptr) cudaFreeHost(staging_);
+}
+
+void* NcclBackend::device_scratch(std::size_t bytes) {
+  if (bytes <= scratch_bytes_) return scratch_;
+  if (scratch_ != nullptr) {
+    MPT_CHECK_CUDA(cudaStreamSynchronize(stream_));  // nothing queued may still use the old one
+    MPT_CHECK_CUDA(cudaFree(scratch_));
+  }
+  MPT_CHECK_CUDA(cudaMalloc(&scratch_, bytes));
+  scratch_bytes_ = bytes;
+  return scratch_;
+}
+
+void* NcclBackend::host_staging(std::size_t bytes) {
+  if (bytes <= staging_bytes_) return staging_;
+  if (staging_ != nullptr) MPT_CHECK_CUDA(cudaFreeHost(staging_));  // the stream is idle here
+  // Pinned: the copies run at full PCIe speed and truly asynchronously on the comm stream.
+  MPT_CHECK_CUDA(cudaHostAlloc(&staging_, bytes, cudaHostAllocDefault));
+  staging_bytes_ = bytes;
+  return staging_;
+}
+
+void NcclBackend::wait() {
+  // Polls rather than cudaStreamSynchronize: a peer that failed leaves this rank's NCCL kernel
+  // waiting forever, and NCCL reports what it detects (a remote error, a broken connection) only
+  // through ncclCommGetAsyncError. Then this rank aborts its communicator and the job. A silent
+  // hang is the comm watchdog's: this wait lies inside the bucket's CollectiveScope, so after
+  // --comm.stall-timeout it names the late ranks and MPI_Abort ends every process (the driver
+  // frees their GPUs and communicators with them).
+  for (;;) {
+    const cudaError_t status = cudaStreamQuery(stream_);
+    if (status == cudaSuccess) return;
+    if (status != cudaErrorNotReady)
+      ::mpt::detail::check_failed("CUDA", "cudaStreamQuery(comm stream)", cuda_failure(status),
+                                  __FILE__, __LINE__);
+    ncclResult_t async = ncclSuccess;
+    MPT_CHECK_NCCL(ncclCommGetAsyncError(comm_, &async));
+    if (async != ncclSuccess && async != ncclInProgress)
+      ::mpt::detail::check_failed("NCCL", "a queued collective (ncclCommGetAsyncError)",
+                                  nccl_failure(async), __FILE__, __LINE__);
+    std::this_thread::yield();
+  }
+}
+
+void NcclBackend::allreduce(void* data, std::int64_t count, DType dtype) {
+  if (count <= 0) return;
+  // The calling thread (GradientReducer's) may not have this device current; streams and
+  // launches belong to it.
+  int current = -1;
+  MPT_CHECK_CUDA(cudaGetDevice(&current));
+  if (current != device_) MPT_CHECK_CUDA(cudaSetDevice(device_));
+  cudaPointerAttributes attributes{};
+  MPT_CHECK_CUDA(cudaPointerGetAttributes(&attributes, data));
+  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)
+    abort_job(
+        "comm::Allreducer: the nccl backend reduces device memory, and this buffer is "
+        "host memory (stage it, or resolve with Device::cuda only for device data)");
+  // The kernels that wrote DATA were queued on the compute stream (the legacy default stream,
+  // kernels/cuda/common.cuh) before this call: the comm stream waits for them, nothing more.
+  MPT_CHECK_CUDA(cudaEventRecord(compute_done_, cudaStreamLegacy));
+  MPT_CHECK_CUDA(cudaStreamWaitEvent(stream_, compute_done_, 0));
+  // On the wire: DATA itself when the dtypes agree (scaled in place if prescale != 1), else a
+  // device scratch with DATA converted and prescaled.
+  void* wire = data;
+  if (dtype != config_.wire) wire = device_scratch(static_cast<std::size_t>(count) * wire_size_);
+  MPT_CHECK_CUDA(
+      convert_scaled_cuda(data, dtype, wire, config_.wire, count, config_.prescale, stream_));
+  // The postscale costs 1/L of a pass on the owned region when DATA is the wire buffer; else it
+  // rides on the conversion back, as in the host backends (one rounding either way).
+  const bool scaled = !flat_ && wire == data;
+  if (flat_) {
+    MPT_CHECK_NCCL(ncclAllReduce(wire, wire, static_cast<std::size_t>(count), wire_type_, ncclSum,
+                                 comm_, stream_));
+  } else {
+    hierarchical(wire, count, scaled);
+  }
+  // The way back (with the postscale, unless done), then the end: the Allreducer's contract is
+  // synchronous (the caller reads or overwrites DATA next), so the host waits here once.
+  MPT_CHECK_CUDA(convert_scaled_cuda(wire, config_.wire, data, dtype, count,
+                                     scaled ? 1.f : config_.postscale, stream_));
+  wait();
+}
+
+void NcclBackend::hierarchical(void* wire, std::int64_t n, bool scale_region) {
+  plan_intra(n, size_, topology_.num_shards(), plan_);
+  const Range mine = plan_.regions[static_cast<std::size_t>(rank_)];
+  const std::size_t block = static_cast<std::size_t>(plan_.block);
+  // 1. Reduce-scatter, in place: rank r receives at sendbuff + r * recvcount.
+  if (block > 0)
+    MPT_CHECK_NCCL(ncclReduceScatter(wire, at(wire, rank_ * plan_.block, wire_size_), block,
+                                     wire_type_, ncclSum, comm_, stream_));
+  if (!plan_.pieces.empty()) {
+    MPT_CHECK_NCCL(ncclGroupStart());
+    for (const IntraPlan::Piece& piece : plan_.pieces) {
+      void* range = at(wire, piece.range.begin, wire_size_);
+      MPT_CHECK_NCCL(ncclReduce(range, range, static_cast<std::size_t>(piece.range.size()),
+                                wire_type_, ncclSum, piece.root, comm_, stream_));
+    }
+    MPT_CHECK_NCCL(ncclGroupEnd());
+  }
+  // 2. Across nodes (or through the host anyway, when a test asks).
+  if (topology_.num_nodes() > 1 || config_.nccl_stage_one_node) rails(wire, n, mine);
+  if (scale_region) {
+    void* region = at(wire, mine.begin, wire_size_);
+    MPT_CHECK_CUDA(convert_scaled_cuda(region, config_.wire, region, config_.wire, mine.size(),
+                                       config_.postscale, stream_));
+  }
+  // 3. All-gather, in place: rank r sends from recvbuff + r * sendcount.
+  if (block > 0)
+    MPT_CHECK_NCCL(ncclAllGather(at(wire, rank_ * plan_.block, wire_size_), wire, block, wire_type_,
+                                 comm_, stream_));
+  if (!plan_.pieces.empty()) {
+    MPT_CHECK_NCCL(ncclGroupStart());
+    for (const IntraPlan::Piece& piece : plan_.pieces) {
+      void* range = at(wire, piece.range.begin, wire_size_);
+      MPT_CHECK_NCCL(ncclBroadcast(range, range, static_cast<std::size_t>(piece.range.size()),
+                                   wire_type_, piece.root, comm_, stream_));
+    }
+    MPT_CHECK_NCCL(ncclGroupEnd());
+  }
+}
+
+void NcclBackend::rails(void* wire, std::int64_t n, Range mine) {
+  if (mine.size() == 0) return;  // then every shard this rank owns is empty, on every node
+  const std::size_t bytes = static_cast<std::size_t>(mine.size()) * wire_size_;
+  void* host = host_staging(bytes);
+  void* region = at(wire, mine.begin, wire_size_);
+  MPT_CHECK_CUDA(cudaMemcpyAsync(host, region, bytes, cudaMemcpyDeviceToHost, stream_));
+  // Unavoidable: MPI reads host memory, so the copy (and the reduce-scatter before it) must be
+  // complete. The copy back is queued after the rail calls, on the same stream as the gather.
+  wait();
+  // Increasing shard order on every rank: a rank of a smaller node owns several shards and meets
+  // each rail in the order its owners on the other nodes do (as the host backends).
+  const int parts = topology_.num_shards();
+  for (int shard = topology_.first_shard(); shard < topology_.end_shard(); ++shard) {
+    const Range range = nccl_shard(n, parts, shard);
+    for (std::int64_t begin = range.begin; begin < range.end; begin += kMaxMpiCount) {
+      const int count = static_cast<int>(std::min(kMaxMpiCount, range.end - begin));
+      MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, at(host, begin - mine.begin, wire_size_), count,
+                                  ops_.type(config_.wire), ops_.sum(config_.wire),
+                                  topology_.rail(shard)));
+    }
+  }
+  MPT_CHECK_CUDA(cudaMemcpyAsync(region, host, bytes, cudaMemcpyHostToDevice, stream_));
+}
+
+}  // namespace
+
+std::unique_ptr<NcclAllreduce> make_nccl_allreduce(const Topology& topology,
+                                                   const AllreduceConfig& config) {
+  return std::make_unique<NcclBackend>(topology, config);
+}
+
+}  // namespace detail
+
+SharedGpus find_shared_gpus(const Topology& topology) {
+  // Each rank's GPU as "HOST PCI-BUS-ID", gathered over the world with its node's index.
+  constexpr int kKey = 160;
+  struct Entry {
+    char key[kKey];
+    int node;
+  };
+  Entry mine{};
+  char bus[32] = "unknown";
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetPCIBusId(bus, static_cast<int>(sizeof bus), device) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: no device here is the caller's to report
+    std::snprintf(bus, sizeof bus, "unknown (no CUDA device)");
+  }
+  std::snprintf(mine.key, kKey, "%s on %s", bus, process_host().c_str());
+  mine.node = topology.node_index();
+  std::vector<Entry> all(static_cast<std::size_t>(topology.size()));
+  MPT_CHECK_MPI(MPI_Allgather(&mine, static_cast<int>(sizeof mine), MPI_BYTE, all.data(),
+                              static_cast<int>(sizeof mine), MPI_BYTE, topology.world()));
+  // Ranks sorted by GPU (then by rank): the ranks of one GPU are neighbours. Every rank sorts
+  // the same entries, so every rank reports the same pair.
+  std::vector<int> order(all.size());
+  for (std::size_t r = 0; r < order.size(); ++r) order[r] = static_cast<int>(r);
+  const auto key = [&](int r) { return std::string(all[static_cast<std::size_t>(r)].key); };
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    const int c = std::strncmp(all[static_cast<std::size_t>(a)].key,
+                               all[static_cast<std::size_t>(b)].key, kKey);
+    return c != 0 ? c < 0 : a < b;
+  });
+  SharedGpus shared;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    for (std::size_t j = i + 1; j < order.size() && key(order[j]) == key(order[i]); ++j) {
+      const int a = std::min(order[i], order[j]), b = std::max(order[i], order[j]);
+      const std::string line =
+          "ranks " + std::to_string(a) + " and " + std::to_string(b) + " share the GPU " + key(a);
+      if (shared.in_world.empty()) shared.in_world = line;
+      if (shared.in_node.empty() &&
+          all[static_cast<std::size_t>(a)].node == all[static_cast<std::size_t>(b)].node)
+        shared.in_node = line;
+      if (!shared.in_node.empty()) return shared;
+    }
+  }
+  return shared;
+}
+
+}  // namespace mpt::comm

@@ -1,0 +1,57 @@
+// Private to comm: the nccl backend of the all-reduce. The algorithms (nccl_allreduce.cpp) are
+// built only where CUDA and NCCL are found; this header names no CUDA or NCCL type, so that
+// allreduce.cpp and the CPU-only build never see one. The plan of the intra-node calls
+// (nccl_plan.cpp) is plain arithmetic, built everywhere and unit-tested on the CPU.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/allreduce.hpp"
+#include "comm/topology.hpp"
+
+namespace mpt::comm::detail {
+
+// The nccl backend's shard J of N elements cut in PARTS: [J q, (J + 1) q) with q = N / PARTS, the
+// last shard also taking the N % PARTS remainder. Equal shards are what ncclReduceScatter and
+// ncclAllGather scatter and gather; the remainder then costs one small extra call, not a padded
+// copy of the whole buffer. (The host backends spread the remainder instead: shard_range.)
+Range nccl_shard(std::int64_t n, int parts, int shard);
+
+// The NCCL calls of phases 1 and 3 on a node of LOCAL_SIZE ranks, for N elements in PARTS
+// shards (Topology::num_shards(), >= LOCAL_SIZE), all in place on the buffer:
+//  - BLOCK > 0: ncclReduceScatter with recvcount BLOCK over [0, LOCAL_SIZE * BLOCK) (local rank
+//    l receives [l BLOCK, (l + 1) BLOCK)), and ncclAllGather with sendcount BLOCK back;
+//  - then each piece: ncclReduce of RANGE to ROOT, and ncclBroadcast of it from ROOT back.
+// A full node (LOCAL_SIZE == PARTS) reduce-scatters the equal shards and sends the remainder to
+// its last rank; a smaller node (an uneven split) reduces each rank's region to that rank.
+// Afterwards local rank l holds the node's sum of region(l), the union of the shards it owns
+// (owned_shards): the same elements on every node, so that the rails match.
+struct IntraPlan {
+  struct Piece {
+    Range range;
+    int root = 0;
+  };
+  std::int64_t block = 0;
+  std::vector<Piece> pieces;   // non-empty ranges only
+  std::vector<Range> regions;  // per local rank: the elements it owns after phase 1
+};
+// Fills PLAN (its vectors keep their capacity: no allocation once planned for LOCAL_SIZE).
+void plan_intra(std::int64_t n, int local_size, int parts, IntraPlan& plan);
+
+// flat-nccl (ncclAllReduce over the world) or hierarchical with the nccl intra-node backend, on
+// data in the current cuda device's memory. Collective to construct (an NCCL communicator over
+// the node or the world, from an ncclUniqueId broadcast over its MPI communicator) and destroy.
+class NcclAllreduce {
+ public:
+  virtual ~NcclAllreduce() = default;
+  // As Allreducer::allreduce, with DATA in device memory; returns once the result is in DATA.
+  virtual void allreduce(void* data, std::int64_t count, DType dtype) = 0;
+};
+
+// Collective over TOPOLOGY's world (nccl_allreduce.cpp; only in a build with NCCL).
+std::unique_ptr<NcclAllreduce> make_nccl_allreduce(const Topology& topology,
+                                                   const AllreduceConfig& config);
+
+}  // namespace mpt::comm::detail

@@ -1,0 +1,276 @@
+// The nccl all-reduce backend on the GPU (issue #8): flat-nccl and hierarchical with the nccl
+// intra-node backend (also with phase 2 forced through the pinned host buffers and MPI), for
+// sizes {0, 1, 7, 1000, 1M+3} at odd offsets into a device buffer, f32 data with f32, f16 or bf16
+// on the wire and 16-bit data with its own, plain sums and pre/postscaled ones, against a float64
+// sum and for identical bits on every rank; then GradientReducer's buckets on device gradients
+// (the trainer's use: the calls come from its communication thread). Runs under mpiexec.
+// NCCL refuses two ranks on one GPU, so where the ranks of a node outnumber its GPUs (np 2 on the
+// one-H200 check machine) every rank reports SKIPPED (exit 77) with the reason, as it does
+// without a device or without NCCL. On one GPU only np 1 runs: NCCL's calls on a communicator of
+// one rank, and the staging path over single-rank rails.
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "comm/allreduce.hpp"
+#include "comm/gradient_reducer.hpp"
+#include "comm/topology.hpp"
+#include "core/device_memory.hpp"
+#include "core/error.hpp"
+#include "core/half.hpp"
+#include "tests/gpu/harness.hpp"
+
+namespace mpt::comm {
+namespace {
+
+using gpu_test::Harness;
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+int world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+std::uint64_t mix(std::uint64_t x) {  // splitmix64
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+float widen(DType dtype, const void* data, std::int64_t i) {
+  if (dtype == DType::f32) return static_cast<const float*>(data)[i];
+  const std::uint16_t bits = static_cast<const std::uint16_t*>(data)[i];
+  return dtype == DType::f16 ? half_bits_to_float(bits) : bf16_bits_to_float(bits);
+}
+void store(DType dtype, void* data, std::int64_t i, float value) {
+  if (dtype == DType::f32) {
+    static_cast<float*>(data)[i] = value;
+  } else {
+    static_cast<std::uint16_t*>(data)[i] =
+        dtype == DType::f16 ? float_to_half_bits(value) : float_to_bf16_bits(value);
+  }
+}
+
+// Rank R's value at index I, exact in DTYPE: mixed signs, magnitudes 2^-6..2^7 (the host
+// backends' test values: 8 summands and their scalings stay normal and finite in fp16).
+float contribution(DType dtype, int rank, std::int64_t i) {
+  const std::uint64_t h =
+      mix(static_cast<std::uint64_t>(i) * 131 + static_cast<std::uint64_t>(rank));
+  const float mantissa = 1.f + static_cast<float>(h >> 40) * 0x1p-24f;
+  const float value = std::ldexp(h & 1 ? -mantissa : mantissa, static_cast<int>((h >> 1) % 14) - 6);
+  if (dtype == DType::f16) return half_bits_to_float(float_to_half_bits(value));
+  if (dtype == DType::bf16) return bf16_bits_to_float(float_to_bf16_bits(value));
+  return value;
+}
+
+double unit_roundoff(DType dtype) {
+  return dtype == DType::f32 ? 0x1p-24 : dtype == DType::f16 ? 0x1p-11 : 0x1p-8;
+}
+
+bool identical_on_every_rank(const void* data, std::size_t size) {
+  std::uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a
+  for (std::size_t i = 0; i < size; ++i)
+    hash = (hash ^ static_cast<const std::uint8_t*>(data)[i]) * 0x100000001b3ull;
+  std::uint64_t low = hash, high = hash;
+  MPI_Allreduce(MPI_IN_PLACE, &low, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &high, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return low == high;
+}
+
+// Every rank's verdict on a check, agreed (a check fails if it failed on any rank).
+bool all_ranks(bool ok) {
+  int value = ok ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return value == 1;
+}
+
+// Reduces COUNT elements of DTYPE, placed at an offset that varies with COUNT inside a device
+// buffer (the trainer's buckets start anywhere), and checks them against the float64 sum with the
+// host backends' bound: |error| <= (N + 2) u sum_r |pre post x_r|.
+void check_allreduce(Harness& harness, const std::string& label, Allreducer& allreducer,
+                     std::int64_t count, DType dtype) {
+  const AllreduceConfig& config = allreducer.config();
+  const int n = world_size();
+  const std::int64_t offset = count % 5;
+  const std::size_t element = dtype_size(dtype);
+  std::vector<std::uint8_t> host(static_cast<std::size_t>(count + offset) * element);
+  for (std::int64_t i = 0; i < count; ++i)
+    store(dtype, host.data() + offset * element, i, contribution(dtype, world_rank(), i));
+  Tensor device({count + offset}, dtype, Device::cuda);
+  if (!host.empty())
+    device_memory::copy(device.raw(), Device::cuda, host.data(), Device::cpu, host.size());
+  auto* data = static_cast<std::uint8_t*>(device.raw()) + offset * element;
+  allreducer.allreduce(data, count, dtype);
+  if (!host.empty())
+    device_memory::copy(host.data(), Device::cpu, device.raw(), Device::cuda, host.size());
+  const double u = std::max(unit_roundoff(config.wire), unit_roundoff(dtype));
+  const double scale = static_cast<double>(config.prescale) * config.postscale;
+  std::int64_t bad = 0, first = -1;
+  double got_first = 0, want_first = 0;
+  for (std::int64_t i = 0; i < count; ++i) {
+    double exact = 0, magnitudes = 0;
+    for (int r = 0; r < n; ++r) {
+      const double v = contribution(dtype, r, i);
+      exact += v;
+      magnitudes += std::fabs(v);
+    }
+    const double got = widen(dtype, host.data() + offset * element, i);
+    if (!(std::fabs(got - exact * scale) <= (n + 2) * u * magnitudes * std::fabs(scale)) &&
+        bad++ == 0) {
+      first = i;
+      got_first = got;
+      want_first = exact * scale;
+    }
+  }
+  char detail[200] = "";
+  if (bad)
+    std::snprintf(detail, sizeof detail,
+                  "rank %d: %lld of %lld wrong; first at %lld: got %.9g, want %.9g", world_rank(),
+                  static_cast<long long>(bad), static_cast<long long>(count),
+                  static_cast<long long>(first), got_first, want_first);
+  const std::string what = label + ", count " + std::to_string(count) + ", data " +
+                           dtype_name(dtype) + ", wire " + dtype_name(config.wire) + ", prescale " +
+                           std::to_string(config.prescale) + ", postscale " +
+                           std::to_string(config.postscale);
+  const bool sums_ok = all_ranks(bad == 0);
+  const bool same = identical_on_every_rank(host.data(), host.size());
+  if (world_rank() == 0) {
+    harness.expect(sums_ok, what, bad ? detail : "wrong on another rank");
+    harness.expect(same, what + ": the same bits on every rank");
+  }
+}
+
+struct Types {
+  DType data, wire;
+};
+const Types kTypes[] = {{DType::f32, DType::f32},
+                        {DType::f32, DType::f16},
+                        {DType::f32, DType::bf16},
+                        {DType::f16, DType::f16},
+                        {DType::bf16, DType::bf16}};
+// A sum, a prescale, a postscale, both: powers of two, exact in every dtype, and not 1 even on one
+// rank, so that the scale kernel's placement is checked there too.
+const float kScales[][2] = {{1.f, 1.f}, {0.5f, 1.f}, {1.f, 0.25f}, {0.5f, 0.25f}};
+
+void check_algorithm(Harness& harness, const std::string& label, const Topology& topology,
+                     AllreduceConfig config) {
+  int case_index = 0;
+  for (const Types& types : kTypes) {
+    config.wire = types.wire;
+    config.prescale = kScales[case_index % 4][0];
+    config.postscale = kScales[case_index % 4][1];
+    ++case_index;
+    Allreducer allreducer(topology, config);
+    for (const std::int64_t count : {0L, 1L, 7L, 1000L, (1L << 20) + 3})
+      check_allreduce(harness, label, allreducer, count, types.data);
+  }
+}
+
+// The trainer's path: device gradients in buckets, each all-reduced on GradientReducer's thread.
+void check_gradient_reducer(Harness& harness, const Topology& topology, AllreduceConfig config) {
+  const std::int64_t count = 300007;
+  const std::vector<std::int64_t> offsets = {0, 1000, 1003, 50000, 299999};
+  Tensor grads({count}, DType::f32, Device::cuda);
+  std::vector<float> host(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i)
+    host[static_cast<std::size_t>(i)] = contribution(DType::f32, world_rank(), i);
+  device_memory::copy(grads.raw(), Device::cuda, host.data(), Device::cpu, grads.size_bytes());
+  config.wire = DType::f32;
+  GradientReducer reducer(topology, config, grads, offsets, 256 << 10, 64 << 10);
+  reducer.begin();
+  reducer.wait();
+  device_memory::copy(host.data(), Device::cpu, grads.raw(), Device::cuda, grads.size_bytes());
+  std::int64_t bad = 0;
+  for (std::int64_t i = 0; i < count; ++i) {
+    double exact = 0, magnitudes = 0;
+    for (int r = 0; r < world_size(); ++r) {
+      exact += contribution(DType::f32, r, i);
+      magnitudes += std::fabs(contribution(DType::f32, r, i));
+    }
+    if (!(std::fabs(host[static_cast<std::size_t>(i)] - exact) <=
+          (world_size() + 2) * 0x1p-24 * magnitudes))
+      ++bad;
+  }
+  const bool ok = all_ranks(bad == 0);
+  if (world_rank() == 0)
+    harness.expect(ok,
+                   "GradientReducer, " + std::to_string(reducer.num_buckets()) +
+                       " buckets of device gradients on its thread (" +
+                       algorithm_name(config.algorithm) + ")",
+                   std::to_string(bad) + " wrong elements on some rank");
+}
+
+// Every rank says the same: prints on rank 0, returns 77 everywhere.
+int skip(const std::string& why) {
+  if (world_rank() == 0) std::printf("SKIPPED: %s\n", why.c_str());
+  return 77;
+}
+
+int run() {
+  if (!nccl_built()) return skip("this build has no NCCL (docs/gpu.md)");
+  const int devices = device_memory::cuda_device_count();
+  int none = devices == 0 ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &none, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (none) return skip("no CUDA device (" + device_memory::cuda_device_description() + ")");
+  const Topology machine(MPI_COMM_WORLD, 0);  // the real nodes
+  device_memory::set_cuda_device(machine.device_rank() % devices);
+  const SharedGpus shared = find_shared_gpus(machine);
+  if (!shared.in_node.empty())
+    return skip(shared.in_node + ": NCCL needs one GPU per rank, and this machine has " +
+                std::to_string(devices) + " GPU(s) for " + std::to_string(machine.device_peers()) +
+                " local rank(s) (on the one-GPU check machine only np 1 runs)");
+  if (world_rank() == 0)
+    std::printf("gpu_nccl_allreduce on %d rank(s), %s\n", world_size(),
+                device_memory::cuda_device_description().c_str());
+
+  Harness harness;
+  AllreduceConfig config;
+  if (shared.in_world.empty()) {
+    config.algorithm = Algorithm::flat_nccl;
+    check_algorithm(harness, "flat-nccl", machine, config);
+  }
+  config.algorithm = Algorithm::hierarchical;
+  config.intra = IntraBackend::nccl;
+  check_algorithm(harness, "hierarchical nccl", machine, config);
+  config.nccl_stage_one_node = true;
+  check_algorithm(harness, "hierarchical nccl, phase 2 through the host", machine, config);
+  config.nccl_stage_one_node = false;
+  // Emulated nodes of 1 and 2 ranks (each rank still on its own GPU): the rails and, with 3+
+  // ranks, uneven nodes whose ranks own several shards.
+  for (const int k : {1, 2}) {
+    if (world_size() <= k) continue;
+    const Topology nodes(MPI_COMM_WORLD, k);
+    check_algorithm(harness, "hierarchical nccl, nodes of " + std::to_string(k), nodes, config);
+  }
+  check_gradient_reducer(harness, machine, config);
+
+  int failed = harness.failed();
+  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (world_rank() == 0) std::printf("%d passed, %d failed\n", harness.passed(), harness.failed());
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace mpt::comm
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);  // GradientReducer's thread
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  mpt::set_process_identity(rank, size);
+  const int code = mpt::comm::run();
+  MPI_Finalize();
+  return code;
+}
