@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-shot GPU check for a bare GPU machine (issue #8): configure, build, run tests/gpu and
-# perf/gpu/gpu_bench (the mlp, then the cnn), run the same models in PyTorch AMP
-# (perf/pytorch_gpu.py) and a PyTorch GEMM peer, and print a table of mptrain/PyTorch ratios
+# perf/gpu/gpu_bench (the mlp, then the cnn with cuDNN and with im2col convolutions), run the
+# same models in PyTorch AMP (perf/pytorch_gpu.py) and a PyTorch GEMM peer, and print a table
+# of mptrain/PyTorch ratios
 # (also to $OUT/gpu_check.txt when $OUT is set). Needs: the CUDA toolkit (nvcc), CMake >= 3.25,
 # a C++20 compiler, python3 with torch.
 # Builds the GPU-only subset unless MPI, HDF5, Boost and Kokkos are all present. Aims to finish
@@ -66,7 +67,11 @@ if ! grep -q "^MPTRAIN_GPU_ONLY_BUILD" "$build/CMakeCache.txt" 2>/dev/null; then
 fi
 targets=(gpu_kernels gpu_model gpu_case_table gpu_host_reference gpu_bench)
 # With MPI, HDF5, Boost and Kokkos present the full trainer is built too.
-grep -q '^MPTRAIN_GPU_ONLY_BUILD:INTERNAL=OFF' "$build/CMakeCache.txt" && targets+=(mptrain)
+# (and the prefetcher's device delivery test, which needs MPI and HDF5 as the trainer does).
+grep -q '^MPTRAIN_GPU_ONLY_BUILD:INTERNAL=OFF' "$build/CMakeCache.txt" && targets+=(mptrain gpu_prefetcher)
+# Where NCCL and MPI are found (the GPU-only build too, which then builds comm alone), the
+# nccl all-reduce's GPU test (its own stage below).
+grep -q '^MPTRAIN_NCCL_BUILD:INTERNAL=ON' "$build/CMakeCache.txt" && targets+=(gpu_nccl_allreduce)
 echo "targets: ${targets[*]}"
 
 stage "build (${targets[*]}, $jobs jobs)"
@@ -78,7 +83,7 @@ fi
 tail -1 "$build/build.log"
 
 stage "tests/gpu (ctest -L gpu)"
-timeout 300 ctest --test-dir "$build" -L gpu -V > "$build/ctest.log" 2>&1
+timeout 300 ctest --test-dir "$build" -L gpu -E '^gpu_nccl_allreduce' -V > "$build/ctest.log" 2>&1
 ctest_rc=$?
 # Every case and the failures in full; passing checks only as a count.
 grep -E "FAIL|: case |: pending |gpu_kernels on|[0-9]+ passed, [0-9]+ failed|tests passed|tests failed|Skipped|SKIPPED|\*\*\*" \
@@ -93,10 +98,13 @@ fi
 
 stage "gpu_bench (steps $steps, batch $batch)"
 timeout 240 "$build/perf/gpu/gpu_bench" --steps "$steps" --batch "$batch" | tee "$build/gpu_bench.log"
-# The cnn as nn::Model (no kernel-level step, no GEMMs); its own run, so that a failure of the
-# conv, pooling or BN device paths leaves the mlp figures above intact.
-timeout 240 "$build/perf/gpu/gpu_bench" --model cnn --no-gemm --steps "$steps" --batch "$batch" \
-  | tee -a "$build/gpu_bench.log"
+# The cnn as nn::Model (no kernel-level step, no GEMMs); its own runs, so that a failure of the
+# conv, pooling or BN device paths leaves the mlp figures above intact: convolutions through
+# cuDNN (the default), then through the im2col + cuBLASLt path, each with its own timeout.
+for conv in cudnn im2col; do
+  timeout 150 "$build/perf/gpu/gpu_bench" --model cnn --conv "$conv" --no-gemm --steps "$steps" \
+    --batch "$batch" | tee -a "$build/gpu_bench.log"
+done
 
 stage "PyTorch peers (perf/pytorch_gpu.py and torch.matmul)"
 : > "$build/pytorch.log"
@@ -153,7 +161,8 @@ s = json.load(open(sys.argv[1]))
 print(f"trainer model={sys.argv[2]} device={sys.argv[3]} samples_per_s={s['samples_per_s']:.1f} "
       f"final_train_loss={s['final_train_loss']:.4f} test_accuracy={float(s.get('test_accuracy') or -1):.4f} "
       f"tensor_peak_mb={s.get('tensor_peak_mb', -1):.1f} device_reserved_mb={s.get('device_reserved_mb', -1):.0f} "
-      f"step_allocations={s.get('step_tensor_allocations', -1)} step_cudamalloc={s.get('step_device_slabs', -1)}")
+      f"step_allocations={s.get('step_tensor_allocations', -1)} step_cudamalloc={s.get('step_device_slabs', -1)} "
+      f"data_wait_fraction={s.get('data_wait_fraction', -1):.4f}")
 PY
       else
         echo "trainer model=$model device=$device failed (exit $rc): $(grep -m1 -E 'error' "$run.log")" \
@@ -171,6 +180,47 @@ PY
   done
 fi
 
+# The nccl all-reduce (issue #8), where the build has NCCL and MPI: its GPU test (np 1; np 2
+# reports SKIPPED on a one-GPU machine, NCCL refusing two ranks on one device) and, where the
+# full build made mptrain, one rank training the mlp with --comm.intra=nccl (the device gradients
+# reduced in place, no host staging) beside the staged cuda run above. Own timeouts; a failure
+# is reported and fails nothing else.
+: > "$build/nccl.log"
+if [[ " ${targets[*]} " == *" gpu_nccl_allreduce "* ]]; then
+  stage "nccl all-reduce (gpu_nccl_allreduce np 1 and 2; mptrain train --comm.intra=nccl, one rank)"
+  timeout 150 ctest --test-dir "$build" -R '^gpu_nccl_allreduce' -V > "$build/nccl-ctest.log" 2>&1
+  nccl_rc=$?
+  grep -E "FAIL|SKIPPED|gpu_nccl_allreduce on|[0-9]+ passed, [0-9]+ failed|tests passed|tests failed" \
+    "$build/nccl-ctest.log" | tail -30
+  result=$(grep -oE '[0-9]+ passed, [0-9]+ failed' "$build/nccl-ctest.log" | head -1)
+  [[ -z $result ]] && result=$(grep -m1 -oE 'SKIPPED: .{0,160}' "$build/nccl-ctest.log")
+  echo "nccl test: ${result:-no result} (ctest exit $nccl_rc)" | tee -a "$build/nccl.log"
+  if [[ " ${targets[*]} " != *" mptrain "* ]]; then
+    echo "trainer model=mlp device=cuda intra=nccl: not run (GPU-only build, no mptrain)" \
+      | tee -a "$build/nccl.log"
+  else
+    run=$build/trainer-mlp-nccl
+    rc=0
+    timeout 60 mpiexec -n 1 "$build/mptrain" train --data.train="$data/train.h5" \
+      --data.test="$data/test.h5" --model.name=mlp --train.max-steps=40 --train.batch-size=256 \
+      --device=cuda --comm.intra=nccl --output.dir="$run" --output.overwrite \
+      --output.progress=lines > "$run.log" 2>&1 || rc=$?
+    grep -E "^allreduce" "$run.log" | head -1 | tee -a "$build/nccl.log"
+    if [[ $rc -eq 0 && -f $run/summary.json ]]; then
+      "$python" - "$run/summary.json" <<'PY' 2>&1 | tee -a "$build/nccl.log"
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"trainer model=mlp device=cuda intra={s.get('allreduce_intra')} "
+      f"samples_per_s={s['samples_per_s']:.1f} final_train_loss={s['final_train_loss']:.4f} "
+      f"comm_time_s={s['comm_time_s']:.4f}")
+PY
+    else
+      echo "trainer model=mlp device=cuda intra=nccl failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
+        | tee -a "$build/nccl.log"
+    fi
+  fi
+fi
+
 stage "summary"
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
 {
@@ -179,14 +229,19 @@ field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
   echo
   echo "| model | precision | batch | mptrain nn::Model samples/s | mptrain-kernels samples/s | PyTorch samples/s | nn::Model / PyTorch | kernels / PyTorch |"
   echo "|---|---|---|---|---|---|---|---|"
-  for name in mlp cnn; do
+  # The cnn once per conv path (gpu_bench's conv= field); both against the same PyTorch run.
+  for row in mlp cnn:cudnn cnn:im2col; do
+    name=${row%%:*}
+    conv=${row#*:}
+    [[ $conv == "$row" ]] && conv=
     for precision in fp32 fp16 bf16; do
-      model=$(grep "mptrain-model model=$name precision=$precision " "$build/gpu_bench.log" | field samples_per_s)
+      model=$(grep "mptrain-model model=$name precision=$precision " "$build/gpu_bench.log" \
+        | grep -m1 -E "${conv:+ conv=$conv( |\$)}" | field samples_per_s)
       ours=$(grep "mptrain-kernels model=$name precision=$precision " "$build/gpu_bench.log" | field samples_per_s)
       theirs=$(grep "pytorch model=$name precision=$precision " "$build/pytorch.log" | field samples_per_s)
       ratio_model=$(awk -v a="$model" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
       ratio=$(awk -v a="$ours" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
-      echo "| $name | $precision | $batch | ${model:-n/a} | ${ours:-n/a} | ${theirs:-n/a} | $ratio_model | $ratio |"
+      echo "| $name${conv:+ (conv $conv)} | $precision | $batch | ${model:-n/a} | ${ours:-n/a} | ${theirs:-n/a} | $ratio_model | $ratio |"
     done
   done
   echo
@@ -205,11 +260,17 @@ field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
     echo "mptrain train, 40 steps (1 epoch), batch 256, one rank (synthetic 1x28x28, 10 classes):"
     cat "$build/trainer.log"
   fi
+  if [[ -s $build/nccl.log ]]; then
+    echo
+    echo "nccl all-reduce (gpu_nccl_allreduce; mptrain train --comm.intra=nccl, mlp, 40 steps, one rank):"
+    cat "$build/nccl.log"
+  fi
   echo
   echo "total time $(( $(date +%s) - start )) s"
 } | tee "$build/gpu_check.txt"
 if [[ -n ${OUT:-} ]]; then
   cp "$build/gpu_check.txt" "$OUT/gpu_check.txt"
   cp "$build/ctest.log" "$build/gpu_bench.log" "$build/pytorch.log" "$build/trainer.log" "$OUT/" 2>/dev/null || true
+  cp "$build/nccl.log" "$build/nccl-ctest.log" "$OUT/" 2>/dev/null || true
 fi
 exit $(( ctest_rc != 0 ))
