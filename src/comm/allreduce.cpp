@@ -644,12 +644,13 @@ bool Allreducer::Impl::can_read_peers(const void* data, std::int64_t count, DTyp
 }
 
 void Allreducer::Impl::registered_shm(void* data, std::int64_t count, DType dtype) {
-  // Three kinds of node barrier order the reads of peers' data: one first (every rank's data is
-  // final), one per group after its sums (a region is read by its peers only once its owner has
-  // written it), one last (no peer still reads this rank's data when the caller writes it again).
-  // Between them each rank writes only its own region of its own data, which no peer reads
-  // before the next barrier. A group is a cache-sized chunk on one node, a rail batch across
-  // nodes (the staged path's cuts: the rail calls of every node match, registered or not).
+  // Node barriers order the reads of peers' data: one first (every rank's data is final), one
+  // last (every region has its sum, and no peer still reads this rank's data when the caller
+  // writes it again). Each element is summed by its region's owner, the only rank that reads or
+  // writes that region in any rank's data between the two. On one node the owner writes the sum
+  // into every rank's copy of its region. Across nodes it writes only its own, and a barrier per
+  // rail batch (the staged path's cuts: the rail calls of every node match, registered or not)
+  // comes before the peers gather it.
   const std::ptrdiff_t at = bytes(data) - reinterpret_cast<std::uint8_t*>(registered->data());
   const auto peer = [&](int local, std::int64_t element) {
     return reinterpret_cast<std::uint8_t*>(registered->part(local)) + at +
@@ -659,7 +660,7 @@ void Allreducer::Impl::registered_shm(void* data, std::int64_t count, DType dtyp
   const int parts = topology.num_shards(), first = topology.first_shard();
   const bool one_node = topology.num_nodes() == 1;
   const std::int64_t chunk = chunk_elements(dtype);
-  const std::int64_t group = one_node ? chunk : batch_elements(chunk);
+  const std::int64_t group = batch_elements(chunk);  // across nodes
   const auto sum_from_peers = [&](std::int64_t begin, std::int64_t n, std::uint8_t* dst,
                                   const detail::Copy* back) {
     for (int local = 0; local < local_size; ++local)
@@ -667,37 +668,53 @@ void Allreducer::Impl::registered_shm(void* data, std::int64_t count, DType dtyp
     detail::sum_inputs(inputs.data(), local_size, dst, config.wire, n, back);
   };
   node_barrier();
+  if (one_node) {
+    // A rank's region is read, in every rank's data, by that rank alone: once its sum is
+    // written, the owner pushes it into the peers' copies of the region itself. That replaces
+    // the gather (each rank reading the others' regions back: a pass over the data less) and
+    // with it the barrier per chunk; the last barrier says every region has arrived.
+    for (std::int64_t begin = 0; begin < count; begin += chunk) {
+      const std::int64_t n = std::min(chunk, count - begin);
+      const Range mine = region(n, me);
+      std::uint8_t* dst = peer(me, begin + mine.begin);
+      const std::size_t region_bytes = static_cast<std::size_t>(offset(mine.size(), wire_size));
+      if (local_size == 2 && config.postscale == 1.f) {
+        // Two ranks: the push is the sum's second store, made while the sum is in L1.
+        const detail::Copy push{peer(1 - me, begin + mine.begin), dtype, 1.f};
+        sum_from_peers(begin + mine.begin, mine.size(), dst, &push);
+      } else {
+        const detail::Copy back{dst, dtype, config.postscale};
+        sum_from_peers(begin + mine.begin, mine.size(), dst,
+                       config.postscale != 1.f ? &back : nullptr);
+        for (int step = 1; step < local_size; ++step)
+          std::memcpy(peer((me + step) % local_size, begin + mine.begin), dst, region_bytes);
+      }
+    }
+    node_barrier();
+    return;
+  }
   for (std::int64_t group_begin = 0; group_begin < count; group_begin += group) {
     const std::int64_t group_n = std::min(group, count - group_begin);
     const std::int64_t chunks = (group_n + chunk - 1) / chunk;
-    if (one_node) {
-      // The final sum, postscaled in the same pass, into this rank's own region.
-      const Range mine = region(group_n, me);
-      std::uint8_t* dst = peer(me, group_begin + mine.begin);
-      const detail::Copy back{dst, dtype, config.postscale};
-      sum_from_peers(group_begin + mine.begin, mine.size(), dst,
-                     config.postscale != 1.f ? &back : nullptr);
-    } else {
-      const RailBatch& batch = rail_batch(group_n, chunk);
-      grow(rail_scratch, offset(batch.base.back(), wire_size));
-      std::uint8_t* const packed = rail_scratch.data();
-      for (std::int64_t c = 0; c < chunks; ++c) {
-        const std::int64_t n = std::min(chunk, group_n - c * chunk);
-        for (int shard = first; shard < topology.end_shard(); ++shard) {
-          const Range range = shard_range(n, parts, shard);
-          sum_from_peers(group_begin + c * chunk + range.begin, range.size(),
-                         packed + offset(batch.piece(shard - first, c), wire_size), nullptr);
-        }
+    const RailBatch& batch = rail_batch(group_n, chunk);
+    grow(rail_scratch, offset(batch.base.back(), wire_size));
+    std::uint8_t* const packed = rail_scratch.data();
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const std::int64_t n = std::min(chunk, group_n - c * chunk);
+      for (int shard = first; shard < topology.end_shard(); ++shard) {
+        const Range range = shard_range(n, parts, shard);
+        sum_from_peers(group_begin + c * chunk + range.begin, range.size(),
+                       packed + offset(batch.piece(shard - first, c), wire_size), nullptr);
       }
-      rail_allreduce_batch(packed, batch);
-      for (std::int64_t c = 0; c < chunks; ++c) {
-        const std::int64_t n = std::min(chunk, group_n - c * chunk);
-        for (int shard = first; shard < topology.end_shard(); ++shard) {
-          const Range range = shard_range(n, parts, shard);
-          detail::convert_scaled(packed + offset(batch.piece(shard - first, c), wire_size),
-                                 config.wire, peer(me, group_begin + c * chunk + range.begin),
-                                 dtype, range.size(), config.postscale);
-        }
+    }
+    rail_allreduce_batch(packed, batch);
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const std::int64_t n = std::min(chunk, group_n - c * chunk);
+      for (int shard = first; shard < topology.end_shard(); ++shard) {
+        const Range range = shard_range(n, parts, shard);
+        detail::convert_scaled(packed + offset(batch.piece(shard - first, c), wire_size),
+                               config.wire, peer(me, group_begin + c * chunk + range.begin),
+                               dtype, range.size(), config.postscale);
       }
     }
     node_barrier();

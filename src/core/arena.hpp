@@ -23,16 +23,17 @@ struct SlabSource {
 };
 
 struct ArenaStats {
-  std::int64_t slabs = 0;            // requests to the SlabSource so far (its allocations)
-  std::int64_t reserved_bytes = 0;   // held in slabs
-  std::int64_t in_use_bytes = 0;     // in blocks handed out (rounded to the alignment)
+  std::int64_t slabs = 0;           // requests to the SlabSource so far (its allocations)
+  std::int64_t reserved_bytes = 0;  // held in slabs
+  std::int64_t in_use_bytes = 0;    // in blocks handed out (rounded to the alignment)
   std::int64_t peak_in_use_bytes = 0;
-  std::int64_t blocks = 0;           // handed out and not yet released
+  std::int64_t blocks = 0;  // handed out and not yet released
 };
 
 class BlockArena {
  public:
-  static constexpr std::size_t kAlignment = 256;  // cudaMalloc's own, and enough for any vector load
+  static constexpr std::size_t kAlignment =
+      256;  // cudaMalloc's own, and enough for any vector load
 
   // New slabs hold at least MIN_SLAB_BYTES (a larger request gets a slab of its own size).
   BlockArena(SlabSource source, std::size_t min_slab_bytes);
@@ -65,9 +66,9 @@ class BlockArena {
 
   SlabSource source_;
   std::size_t min_slab_bytes_;
-  std::map<Address, Block> blocks_;                // every block of every slab, by address
+  std::map<Address, Block> blocks_;                 // every block of every slab, by address
   std::set<std::pair<std::size_t, Address>> free_;  // free blocks by (size, address): best fit
-  std::map<Address, std::size_t> slabs_;           // slab base -> size, for the destructor
+  std::map<Address, std::size_t> slabs_;            // slab base -> size, for the destructor
   ArenaStats stats_;
 };
 

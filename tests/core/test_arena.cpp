@@ -114,8 +114,8 @@ TEST(BlockArena, BestFitPrefersTheSmallestHole) {
 TEST(BlockArena, LargeRequestsGetTheirOwnSlabAndBlocksNeverSpanSlabs) {
   CountingSource counting;
   BlockArena arena(counting.source(), kMiB);
-  void* a = arena.allocate(kMiB);   // fills the first slab
-  void* b = arena.allocate(kMiB);   // a second slab, maybe adjacent in memory
+  void* a = arena.allocate(kMiB);  // fills the first slab
+  void* b = arena.allocate(kMiB);  // a second slab, maybe adjacent in memory
   void* c = arena.allocate(5 * kMiB);
   ASSERT_TRUE(a && b && c);
   EXPECT_EQ(counting.allocations, 3);
@@ -193,8 +193,8 @@ TEST(TensorMemory, CountsThisThreadsBuffersAndTheLiveBytes) {
   const TensorMemoryStats start = tensor_memory_stats(Device::cpu);
   {
     Tensor a({1000}, DType::f32);
-    Tensor view = Tensor::view(a, 10, {5});    // a view allocates nothing
-    Tensor copy = a;                           // nor does a copy of the handle
+    Tensor view = Tensor::view(a, 10, {5});  // a view allocates nothing
+    Tensor copy = a;                         // nor does a copy of the handle
     Tensor reshaped = a.reshaped({10, 100});
     EXPECT_EQ(tensor_allocations_on_this_thread() - before, 1);
     EXPECT_EQ(tensor_memory_stats(Device::cpu).live_bytes - start.live_bytes, 4000);

@@ -61,7 +61,8 @@ void check(gpu_test::Harness& harness, const std::string& file, const data::Shar
     for (int r = 0; r < kAdds; ++r) kernels::add(sum_here, samples, sum_here);
 
     const data::Batch& batch = prefetcher.next();
-    if (batch.device_samples.device() != Device::cuda || batch.epoch != epoch || batch.step != step) {
+    if (batch.device_samples.device() != Device::cuda || batch.epoch != epoch ||
+        batch.step != step) {
       harness.expect(false, name + ": batch " + std::to_string(k), "not the planned batch on cuda");
       return;
     }
