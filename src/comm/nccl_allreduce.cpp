@@ -25,6 +25,7 @@
 #include "comm/comm.hpp"
 #include "comm/half_sum.hpp"
 #include "comm/nccl_convert.hpp"
+#include "core/device_memory.hpp"
 #include "core/error.hpp"
 
 namespace mpt::comm {
@@ -179,7 +180,7 @@ NcclBackend::~NcclBackend() {
   }
   if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  if (scratch_ != nullptr) cudaFree(scratch_);
+  device_memory::free_cuda(scratch_);
   if (staging_ != nullptr) cudaFreeHost(staging_);
 }
 
@@ -187,9 +188,11 @@ void* NcclBackend::device_scratch(std::size_t bytes) {
   if (bytes <= scratch_bytes_) return scratch_;
   if (scratch_ != nullptr) {
     MPT_CHECK_CUDA(cudaStreamSynchronize(stream_));  // nothing queued may still use the old one
-    MPT_CHECK_CUDA(cudaFree(scratch_));
+    device_memory::free_cuda(scratch_);
   }
-  MPT_CHECK_CUDA(cudaMalloc(&scratch_, bytes));
+  // From the device arena, as every tensor: no cudaMalloc of its own (docs/architecture.md,
+  // "Planned memory"); zero-filled and ready for any stream when it returns.
+  scratch_ = device_memory::allocate_cuda(bytes);
   scratch_bytes_ = bytes;
   return scratch_;
 }

@@ -95,7 +95,11 @@ void* allocate_cuda(std::size_t bytes) {
               std::to_string(free_bytes >> 20) + " MiB free of " + std::to_string(total_bytes >> 20) +
               " MiB; is a CUDA device visible? see CUDA_VISIBLE_DEVICES, or lower --data.batch-size)");
   }
+  // Zero for every stream when this returns, also for a non-blocking one (the prefetcher's copy
+  // streams, the nccl comm stream) that does not order itself after the legacy stream's memset.
+  // Allocation happens while planning, so the wait costs nothing in a step.
   MPT_CHECK_CUDA_RT(cudaMemset(pointer, 0, bytes));
+  MPT_CHECK_CUDA_RT(cudaStreamSynchronize(cudaStreamLegacy));
   return pointer;
 }
 
