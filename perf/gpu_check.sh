@@ -140,19 +140,26 @@ PY
 : > "$build/trainer.log"
 if [[ " ${targets[*]} " == *" mptrain "* ]]; then
   # 40 steps of batch 256 are one epoch, so the run ends with its test evaluation.
-  stage "trainer --device=cpu|cuda (mptrain train, 40 steps = 1 epoch, batch 256, one rank)"
+  stage "trainer --device=cpu|cuda (mptrain train, mlp and cnn 40 steps = 1 epoch, resnet-mini 20 x 2, batch 256, one rank)"
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   data=$build/trainer-data
   timeout 60 "$build/mptrain" prepare synthetic --out "$data" --train-samples 10240 \
     --test-samples 2048 --seed 7 > "$build/trainer-prepare.log" 2>&1 || tail -3 "$build/trainer-prepare.log"
-  for model in mlp cnn; do
+  # resnet-mini: gradient accumulation and sync-BN on the device (20 steps of 2 micro-batches).
+  for model in mlp cnn resnet-mini; do
+    extra=()
+    train_steps=40
+    if [[ $model == resnet-mini ]]; then
+      extra=(--train.accumulate=2 --model.sync-bn=true)
+      train_steps=20
+    fi
     for device in cpu cuda; do
       run=$build/trainer-$model-$device
       rc=0
       timeout 45 mpiexec -n 1 "$build/mptrain" train --data.train="$data/train.h5" \
-        --data.test="$data/test.h5" --model.name="$model" --train.max-steps=40 \
+        --data.test="$data/test.h5" --model.name="$model" --train.max-steps=$train_steps \
         --train.batch-size=256 --device="$device" --output.dir="$run" --output.overwrite \
-        --output.progress=lines > "$run.log" 2>&1 || rc=$?
+        --output.progress=lines "${extra[@]}" > "$run.log" 2>&1 || rc=$?
       grep -E "^device:" "$run.log" | head -1
       if [[ $rc -eq 0 && -f $run/summary.json ]]; then
         "$python" - "$run/summary.json" "$model" "$device" <<'PY' 2>&1 | tee -a "$build/trainer.log"

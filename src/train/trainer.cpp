@@ -569,21 +569,13 @@ std::shared_ptr<comm::SharedBuffer> share_gradients(nn::Model& model, const comm
   return shared;
 }
 
-// Whether the training loop runs on a cuda device. It does (the first slice, docs/gpu.md):
-// batches are copied over, loss and optimizer run there, gradients are staged through a host
-// buffer for the all-reduce, checkpoints and evaluation go through host copies. Setting this to
-// false keeps --device=auto on the cpu and refuses --device=cuda after the device checks.
+// Whether the training loop runs on a cuda device. It does (docs/gpu.md): the prefetcher
+// delivers the batches there, loss, gradient accumulation and optimizer run there, the nccl
+// backend all-reduces the gradients in place (the host backends get a staged host copy),
+// sync-BN's per-channel sums go through the host as BatchNorm's arithmetic does, checkpoints and
+// evaluation go through host copies. Setting this to false keeps --device=auto on the cpu and
+// refuses --device=cuda after the device checks.
 constexpr bool kTrainsOnCuda = true;
-
-// The option the cuda path of the first slice does not cover yet, or empty: --device=cuda
-// refuses it at setup (every rank alike) rather than run it wrong, --device=auto stays on the
-// cpu. (--comm.overlap has no effect on cuda: the gradients are staged to the host after
-// backward, and all-reduced then.)
-std::string cuda_unsupported(const RunConfig& config) {
-  if (config.model.sync_bn) return "--model.sync-bn";
-  if (config.loop.accumulate != 1) return "--train.accumulate > 1";
-  return "";
-}
 
 // Rank 0 prints where every rank computes, "device: rank 0 -> HOST:cpu, rank 1 -> HOST:cuda:1",
 // once at start. Collective (one gather of fixed-size labels).
@@ -614,25 +606,16 @@ Device select_device(const RunConfig& config, const comm::Topology& topology,
   const std::string& option = config.device;
   const int visible = device_memory::cuda_device_count();
   const bool some_rank_has_none = world.max(visible > 0 ? 0.0 : 1.0) > 0;
-  const std::string unsupported = cuda_unsupported(config);  // the same on every rank
   Device device = Device::cpu;
   std::string label = "cpu";
   world.run_agreed([&] {
     if (option == "cpu" || (option == "auto" && (some_rank_has_none || !kTrainsOnCuda))) return;
-    if (option == "auto" && !unsupported.empty()) {
-      if (world.rank() == 0)
-        std::printf("note: --device=auto trains on the cpu: %s does not run on CUDA yet\n",
-                    unsupported.c_str());
-      return;
-    }
     MPT_REQUIRE(device_memory::cuda_built(), "--device=cuda: this build has no CUDA",
                 "rebuild with -DMPTRAIN_ENABLE_CUDA=ON (docs/gpu.md), or use --device=cpu or auto");
     MPT_REQUIRE(visible > 0, "--device=cuda: no CUDA device visible on " + process_host(),
                 "check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device=cpu or auto");
     MPT_REQUIRE(kTrainsOnCuda, "--device=cuda: the trainer does not run on CUDA yet",
                 "use --device=cpu or auto (the CUDA kernels, model and their tests: docs/gpu.md)");
-    MPT_REQUIRE(unsupported.empty(), "--device=cuda: " + unsupported + " does not run on CUDA yet",
-                "use --device=cpu for it (the CUDA trainer's first slice: docs/gpu.md)");
     const int index = topology.device_rank() % visible;
     device_memory::set_cuda_device(index);
     device = Device::cuda;
@@ -1164,7 +1147,8 @@ TrainSummary Trainer::run() {
   // buffer (backward overwrites grads()); the last one's backward adds it back into grads() a
   // layer at a time, just before the reducer launches the bucket holding those gradients.
   Tensor& grads = model->grads();
-  Tensor accumulated = accumulate > 1 ? Tensor({grads.numel()}, DType::f32) : Tensor();
+  Tensor accumulated =
+      accumulate > 1 ? Tensor({grads.numel()}, DType::f32, model->device()) : Tensor();
   Tensor grads_range, accumulated_range;  // planned views: view_into allocates nothing
   std::int64_t accumulated_until = 0;     // grads()[this, end) already hold the sum
   const auto add_accumulated = [&](std::int64_t from) {
