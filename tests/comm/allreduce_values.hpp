@@ -48,6 +48,17 @@ inline float contribution(DType dtype, int rank, std::int64_t i) {
   return value;
 }
 
+// The (data, wire) dtype pairs every backend is checked with: f32 data on each wire, and
+// 16-bit data on its own.
+struct Types {
+  DType data, wire;
+};
+inline constexpr Types kTypes[] = {{DType::f32, DType::f32},
+                                   {DType::f32, DType::f16},
+                                   {DType::f32, DType::bf16},
+                                   {DType::f16, DType::f16},
+                                   {DType::bf16, DType::bf16}};
+
 // Unit roundoff (half an ulp of 1) of each element type.
 inline double unit_roundoff(DType dtype) {
   return dtype == DType::f32 ? 0x1p-24 : dtype == DType::f16 ? 0x1p-11 : 0x1p-8;

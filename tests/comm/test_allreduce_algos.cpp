@@ -44,14 +44,8 @@ std::vector<int> ranks_per_node_cases() {
   return ks;
 }
 
-struct Types {
-  DType data, wire;
-};
-const Types kTypes[] = {{DType::f32, DType::f32},
-                        {DType::f32, DType::f16},
-                        {DType::f32, DType::bf16},
-                        {DType::f16, DType::f16},
-                        {DType::bf16, DType::bf16}};
+using test::kTypes;
+using test::Types;
 
 // A sum (1, 1), an average prescaled by 1/N (how 16-bit wires avoid overflow) or an average
 // postscaled by 1/N (fused into the last pass).

@@ -110,14 +110,8 @@ void check_allreduce(Harness& harness, const std::string& label, Allreducer& all
   }
 }
 
-struct Types {
-  DType data, wire;
-};
-const Types kTypes[] = {{DType::f32, DType::f32},
-                        {DType::f32, DType::f16},
-                        {DType::f32, DType::bf16},
-                        {DType::f16, DType::f16},
-                        {DType::bf16, DType::bf16}};
+using test::kTypes;
+using test::Types;
 // A sum, a prescale, a postscale, both: powers of two, exact in every dtype, and not 1 even on one
 // rank, so that the scale kernel's placement is checked there too.
 const float kScales[][2] = {{1.f, 1.f}, {0.5f, 1.f}, {1.f, 0.25f}, {0.5f, 0.25f}};
