@@ -43,6 +43,7 @@ declare -A cluster_name=(
   [libboost-program-options-dev]="module load boost / spack: boost+program_options"
   [libtrilinos-kokkos-dev]="module load kokkos / spack: kokkos"
   [libdnnl-dev]="module load onednn / spack: onednn"
+  [ocl-icd-opencl-dev]="the OpenCL headers and loader that Debian's oneDNN CMake package requires (a recommends, which --no-install-recommends skips): spack: opencl-c-headers ocl-icd"
   [libopenblas-dev]="module load openblas / spack: openblas"
   [zlib1g-dev]="spack: zlib"
   [libgtest-dev]="spack: googletest"
@@ -66,7 +67,8 @@ packages=(
   build-essential cmake pkg-config
   libopenmpi-dev openmpi-bin
   libhdf5-openmpi-dev hdf5-tools
-  libboost-program-options-dev libtrilinos-kokkos-dev libdnnl-dev libopenblas-dev zlib1g-dev
+  libboost-program-options-dev libtrilinos-kokkos-dev libdnnl-dev ocl-icd-opencl-dev libopenblas-dev
+  zlib1g-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   clang libclang-rt-14-dev libomp-14-dev llvm-14
   dataset-fashion-mnist
