@@ -272,6 +272,8 @@ struct Allreducer::Impl {
   // All-reduces the shards this rank owns of an N-element piece; MINE is its region's start.
   void rail_allreduce(std::uint8_t* mine, std::int64_t n);
   void node_barrier();
+  // The call's first node barrier, timed into peer_wait: where this rank waits for late peers.
+  void arrival_barrier();
   // The packed layout of N elements (a rail batch) cut in CHUNK-sized chunks.
   const RailBatch& rail_batch(std::int64_t n, std::int64_t chunk);
   // Phase 2 of the shm backend: each owned shard of a packed rail batch on its rail.
@@ -302,6 +304,7 @@ struct Allreducer::Impl {
   int half = 0;
   std::shared_ptr<SharedBuffer> registered;     // the buffer whose peers' parts the sums read
   std::unique_ptr<detail::NcclAllreduce> nccl;  // flat-nccl and hierarchical nccl: all of it
+  Allreducer::PeerWait peer_wait;  // the last call's, reset by each call
 };
 
 Allreducer::Impl::Impl(const Topology& topology, const AllreduceConfig& config)
@@ -514,6 +517,12 @@ void Allreducer::Impl::node_barrier() {
   MPT_CHECK_MPI(MPI_Win_sync(window));
 }
 
+void Allreducer::Impl::arrival_barrier() {
+  const auto start = std::chrono::steady_clock::now();
+  node_barrier();
+  peer_wait = {start, std::chrono::steady_clock::now(), true};
+}
+
 const RailBatch& Allreducer::Impl::rail_batch(std::int64_t n, std::int64_t chunk) {
   RailBatch& batch = batch_;  // refilled in place: its vectors keep their capacity
   batch.chunks = (n + chunk - 1) / chunk;
@@ -576,7 +585,10 @@ void Allreducer::Impl::hierarchical_shm(void* data, std::int64_t count, DType dt
       detail::convert_scaled(chunk_data + offset(mine.end, data_size), dtype,
                              slot(me) + offset(mine.end, wire_size), config.wire, n - mine.end,
                              config.prescale);
-      node_barrier();
+      if (batch_begin == 0 && c == 0)
+        arrival_barrier();
+      else
+        node_barrier();
       // Reduce-scatter: sum straight out of every peer's slot, in local rank order.
       const auto sum_into = [&](Range range, std::uint8_t* dst, const detail::Copy* back) {
         for (int local = 0; local < local_size; ++local) {
@@ -667,7 +679,7 @@ void Allreducer::Impl::registered_shm(void* data, std::int64_t count, DType dtyp
       inputs[static_cast<std::size_t>(local)] = {peer(local, begin), dtype, config.prescale};
     detail::sum_inputs(inputs.data(), local_size, dst, config.wire, n, back);
   };
-  node_barrier();
+  arrival_barrier();
   if (one_node) {
     // A rank's region is read, in every rank's data, by that rank alone: once its sum is
     // written, the owner pushes it into the peers' copies of the region itself. That replaces
@@ -802,10 +814,15 @@ void Allreducer::register_buffer(std::shared_ptr<SharedBuffer> buffer) {
   impl_->registered = std::move(buffer);
 }
 
+const Allreducer::PeerWait& Allreducer::last_peer_wait() const { return impl_->peer_wait; }
+
+bool Allreducer::measures_peer_wait() const { return impl_->window != MPI_WIN_NULL; }
+
 void Allreducer::allreduce(void* data, std::int64_t count, DType dtype) {
   if (!is_reducible(dtype) || count < 0)
     abort_job(std::string("comm::Allreducer::allreduce: cannot reduce ") + std::to_string(count) +
               " elements of " + dtype_name(dtype));
+  impl_->peer_wait = {};
   if (count == 0) return;
   // NCCL before the size-1 shortcut: its data is on the device, where MPI cannot reach it.
   if (impl_->nccl) return impl_->nccl->allreduce(data, count, dtype);

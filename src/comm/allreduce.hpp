@@ -7,6 +7,7 @@
 //                 3. all-gather inside the node.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -120,6 +121,20 @@ class Allreducer {
   // parts, with no copy into the staging segment (docs/architecture.md, "Registered
   // gradients"). Other data, and the other algorithms, go as before.
   void register_buffer(std::shared_ptr<SharedBuffer> buffer);
+
+  // Where the last allreduce() call waited in its first node barrier: this rank had arrived
+  // (its data final, or staged) and waited for the node's last peer to arrive. That is the
+  // peers' lateness, the ranks' skew, not the cost of moving data; the trainer reports the part
+  // of it that backward did not hide (docs/architecture.md, "Gradient buckets"). Measured by the
+  // shm backend on a node of more than one rank; elsewhere the lateness stays inside MPI or
+  // NCCL and measured() is false.
+  struct PeerWait {
+    std::chrono::steady_clock::time_point start, end;
+    bool measured = false;
+  };
+  const PeerWait& last_peer_wait() const;
+  // True when calls of this Allreducer measure PeerWait (the shm backend, local_size > 1).
+  bool measures_peer_wait() const;
 
   const AllreduceConfig& config() const { return config_; }
   const Topology& topology() const { return topology_; }

@@ -106,6 +106,8 @@ void GradientReducer::begin() {
   finished_ = 0;
   comm_seconds_ = 0;
   exposed_seconds_ = 0;
+  exposed_peer_wait_seconds_ = 0;
+  peer_wait_seconds_ = 0;
   all_launched_ = false;
 }
 
@@ -130,17 +132,31 @@ void GradientReducer::ready_from(std::int64_t offset) {
 void GradientReducer::wait() {
   auto start = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
-  if (launched_ < num_buckets()) {
-    launched_ = num_buckets();
-    work_.notify_one();
-  }
+  if (launched_ < num_buckets()) launched_ = num_buckets();
   // Exposed time counts from the end of backward (the last ready_from, when that launched the
   // last bucket), not from this call: on a machine with no core to spare, the woken
   // communication thread can take the main thread's core in between, and that delay is
   // communication too.
   if (all_launched_) start = all_launched_at_;
+  if (!busy_ && collective_ == nullptr && finished_ < launched_) {
+    caller_reduces_ = true;
+    while (finished_ < num_buckets()) reduce_next(lock);
+    caller_reduces_ = false;
+  }
   done_.wait(lock, [&] { return finished_ == num_buckets(); });
-  exposed_seconds_ = seconds_between(start, std::chrono::steady_clock::now());
+  const auto end = std::chrono::steady_clock::now();
+  exposed_seconds_ = seconds_between(start, end);
+  // The buckets' waits for late peers, where they fall inside the exposed interval.
+  double peer_wait = 0;
+  peer_wait_seconds_ = 0;
+  for (const BucketSpan& span : spans_) {
+    if (!span.peer_wait.measured) continue;
+    peer_wait_seconds_ += seconds_between(span.peer_wait.start, span.peer_wait.end);
+    const auto from = std::max(span.peer_wait.start, start);
+    const auto to = std::min(span.peer_wait.end, end);
+    if (to > from) peer_wait += seconds_between(from, to);
+  }
+  exposed_peer_wait_seconds_ = peer_wait;
 }
 
 void GradientReducer::run_collective(const std::function<void()>& fn) {
@@ -152,12 +168,29 @@ void GradientReducer::run_collective(const std::function<void()>& fn) {
   done_.wait(lock, [&] { return collective_done_; });
 }
 
+void GradientReducer::reduce_next(std::unique_lock<std::mutex>& lock) {
+  const Range range = buckets_[static_cast<std::size_t>(finished_)];
+  const int bucket = finished_;
+  auto* const base = static_cast<unsigned char*>(grads_.raw());
+  const auto element_bytes = static_cast<std::int64_t>(dtype_size(grads_.dtype()));
+  lock.unlock();
+  const auto start = std::chrono::steady_clock::now();
+  {
+    const CollectiveScope scope(Collective::gradient_bucket, bucket);
+    allreducer_->allreduce(base + range.begin * element_bytes, range.size(), grads_.dtype());
+  }
+  const auto end = std::chrono::steady_clock::now();
+  lock.lock();
+  spans_[static_cast<std::size_t>(bucket)] = {start, end, allreducer_->last_peer_wait(),
+                                               caller_reduces_};
+  comm_seconds_ += seconds_between(start, end);
+  ++finished_;
+}
+
 void GradientReducer::thread_main() {
   // An exception here has no caller to reach, and the peers would wait for this rank's next
   // collective forever: end the whole job with one line instead.
   try {
-    auto* const base = static_cast<unsigned char*>(grads_.raw());
-    const auto element_bytes = static_cast<std::int64_t>(dtype_size(grads_.dtype()));
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
       // Buckets and collectives reach MPI in the order the main thread issued them, so every
@@ -165,30 +198,22 @@ void GradientReducer::thread_main() {
       const auto collective_due = [&] {
         return collective_ != nullptr && finished_ == collective_after_;
       };
-      work_.wait(lock, [&] { return stopping_ || finished_ < launched_ || collective_due(); });
+      const auto bucket_due = [&] { return finished_ < launched_ && !caller_reduces_; };
+      work_.wait(lock, [&] { return stopping_ || bucket_due() || collective_due(); });
       if (collective_due()) {
         const std::function<void()>& fn = *collective_;
+        busy_ = true;
         lock.unlock();
         fn();
         lock.lock();
+        busy_ = false;
         collective_ = nullptr;
         collective_done_ = true;
         done_.notify_all();
-      } else if (finished_ < launched_) {
-        const Range range = buckets_[static_cast<std::size_t>(finished_)];
-        const int finished_bucket = finished_;
-        lock.unlock();
-        const auto start = std::chrono::steady_clock::now();
-        {
-          const CollectiveScope scope(Collective::gradient_bucket, finished_bucket);
-          allreducer_->allreduce(base + range.begin * element_bytes, range.size(), grads_.dtype());
-        }
-        const auto end = std::chrono::steady_clock::now();
-        const double seconds = seconds_between(start, end);
-        lock.lock();
-        spans_[static_cast<std::size_t>(finished_)] = {start, end};
-        comm_seconds_ += seconds;
-        ++finished_;
+      } else if (bucket_due()) {
+        busy_ = true;
+        reduce_next(lock);
+        busy_ = false;
         if (finished_ == num_buckets() || collective_due()) done_.notify_all();
       } else if (stopping_) {
         return;  // only once the launched buckets are done: peers may be waiting in them

@@ -64,7 +64,11 @@ class GradientReducer {
   // GRADS[OFFSET, end) are final for this step: launches every bucket inside that range that is
   // not launched yet. Cheap (a lock and a notify); call it from backward's per-layer hook.
   void ready_from(std::int64_t offset);
-  // Launches the remaining buckets and blocks until every bucket of the step is reduced.
+  // Launches the remaining buckets and blocks until every bucket of the step is reduced. When
+  // the communication thread has not started on the remaining buckets yet (it is asleep, or has
+  // not got a core since it was woken), the calling thread reduces them itself: the tail of a
+  // step then pays no hand-off to another thread (serialized with the thread: MPI is still
+  // entered by one thread at a time).
   void wait();
   // Runs FN on the communication thread, after the buckets launched so far, and blocks until it
   // returned: how the main thread makes a collective call between begin() and wait().
@@ -75,10 +79,20 @@ class GradientReducer {
   // Seconds from the end of backward (the ready_from() that launched the last bucket, else the
   // wait() call) until every bucket was reduced: the communication backward did not hide.
   double last_exposed_seconds() const { return exposed_seconds_; }
+  // The part of last_exposed_seconds() in which a bucket's all-reduce had started and this rank
+  // waited for a node peer to arrive at it (Allreducer::PeerWait): the ranks' skew, not data
+  // moving. 0 where the all-reduce does not measure it (measures_peer_wait()).
+  double last_exposed_peer_wait_seconds() const { return exposed_peer_wait_seconds_; }
+  // Every bucket's wait for late peers in the last step, exposed or not: the part of
+  // last_comm_seconds() that was skew.
+  double last_peer_wait_seconds() const { return peer_wait_seconds_; }
+  bool measures_peer_wait() const { return allreducer_->measures_peer_wait(); }
   // When each bucket's all-reduce of the last step began and ended on the communication thread
-  // (for the timeline), in launch order; read after wait().
+  // (for the timeline), in launch order, with its wait for late peers; read after wait().
   struct BucketSpan {
     std::chrono::steady_clock::time_point start, end;
+    Allreducer::PeerWait peer_wait;
+    bool by_caller = false;  // reduced by wait()'s caller, not by the communication thread
   };
   const std::vector<BucketSpan>& last_bucket_spans() const { return spans_; }
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
@@ -88,6 +102,9 @@ class GradientReducer {
 
  private:
   void thread_main();
+  // Reduces bucket finished_ (LOCK held on entry and on return, released around the call) and
+  // counts it finished.
+  void reduce_next(std::unique_lock<std::mutex>& lock);
 
   Tensor grads_;  // a handle on the caller's buffer (shares its storage)
   std::vector<Range> buckets_;
@@ -102,12 +119,16 @@ class GradientReducer {
   int collective_after_ = 0;  // ... to run once this many buckets are finished
   bool collective_done_ = false;
   bool stopping_ = false;
+  bool busy_ = false;          // the thread is reducing a bucket or running a collective
+  bool caller_reduces_ = false;  // wait() took the remaining buckets: the thread leaves them
   bool all_launched_ = false;  // ready_from() launched the step's last bucket ...
   std::chrono::steady_clock::time_point all_launched_at_;  // ... at this time
 
   double comm_seconds_ = 0;  // written by the thread under mutex_, read after wait()
   std::vector<BucketSpan> spans_;  // one per bucket, sized once; likewise
   double exposed_seconds_ = 0;
+  double exposed_peer_wait_seconds_ = 0;
+  double peer_wait_seconds_ = 0;
   std::thread thread_;  // last: started once every member above exists
 };
 

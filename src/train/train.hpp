@@ -138,6 +138,12 @@ struct TrainSummary {
   double data_wait_fraction = 0;  // data_wait_s / training time
   double comm_time_s = 0;          // gradient all-reduce time on the reducer's thread, slowest rank
   double exposed_comm_time_s = 0;  // of which backward did not hide (wait() blocked), slowest rank
+  // The waits for node peers to arrive at a bucket's all-reduce (the ranks' skew): the exposed
+  // part of them, then comm_time_s and exposed_comm_time_s without them, each the largest over
+  // the ranks; all -1 where the all-reduce does not measure them (not the shm backend).
+  double exposed_peer_wait_s = -1;
+  double comm_excluding_peer_wait_s = -1;
+  double exposed_comm_excluding_peer_wait_s = -1;
   double forward_s = 0, backward_s = 0, optimizer_s = 0;  // the step-time breakdown, slowest rank
   double loss_scale = 1;          // at the end
   std::int64_t skipped_steps = 0;  // steps skipped for non-finite gradients or loss

@@ -387,7 +387,7 @@ struct InputPipeline {
 // file descriptors at the window's end, in the same gather.
 enum BreakdownField : int {
   kWindowSeconds, kDataWait, kForward, kBackward, kComm, kExposed, kOptimizer, kCheckpoint,
-  kResidentMb, kOpenFds, kBreakdownFields
+  kResidentMb, kOpenFds, kPeerWait, kBreakdownFields
 };
 
 struct WindowBreakdown {
@@ -1209,6 +1209,10 @@ TrainSummary Trainer::run() {
   // Seconds the reducer's thread spent all-reducing, and the part of it that wait() blocked
   // (not hidden behind backward); summed over a window's steps, the slowest rank's logged.
   double window_comm = 0, window_exposed = 0, total_comm = 0, total_exposed = 0;
+  // The part of the exposed time spent waiting for node peers to reach a bucket's all-reduce
+  // (GradientReducer::last_exposed_peer_wait_seconds()): the ranks' skew.
+  double window_peer_wait = 0, total_peer_wait = 0, total_comm_peer_wait = 0;
+  const bool measures_peer_wait = reducer.measures_peer_wait();
   // The rest of the step-time breakdown (docs/architecture.md, "Step-time breakdown"): seconds
   // in forward (and the loss), backward (with the accumulation copies), the optimizer (unscale,
   // check, clip, update) and checkpoints, summed over the window and over the run.
@@ -1465,12 +1469,20 @@ TrainSummary Trainer::run() {
       window_exposed += reducer.last_exposed_seconds();
       total_comm += reducer.last_comm_seconds();
       total_exposed += reducer.last_exposed_seconds();
+      window_peer_wait += reducer.last_exposed_peer_wait_seconds();
+      total_peer_wait += reducer.last_exposed_peer_wait_seconds();
+      total_comm_peer_wait += reducer.last_peer_wait_seconds();
       const auto optimizer_start = Clock::now();
       comm::set_phase(comm::Phase::optimizer);
       if (timeline) {
         timeline->span("allreduce_wait", Timeline::kTraining, wait_called, optimizer_start, step + 1);
-        for (const auto& bucket : reducer.last_bucket_spans())
-          timeline->span("allreduce_bucket", Timeline::kCommunication, bucket.start, bucket.end, step + 1);
+        for (const auto& bucket : reducer.last_bucket_spans()) {
+          // The step's tail may run on the training thread, inside wait().
+          const auto track = bucket.by_caller ? Timeline::kTraining : Timeline::kCommunication;
+          timeline->span("allreduce_bucket", track, bucket.start, bucket.end, step + 1);
+          if (bucket.peer_wait.measured)
+            timeline->span("peer_wait", track, bucket.peer_wait.start, bucket.peer_wait.end, step + 1);
+        }
       }
       const bool loss_finite = step_loss_finite;
       // After the all-reduce every rank holds the same gradients, so every rank reaches the
@@ -1544,7 +1556,8 @@ TrainSummary Trainer::run() {
       const double mine[kBreakdownFields] = {seconds_since(window_start), window_data_wait,
                                              window_forward, window_backward, window_comm,
                                              window_exposed, window_optimizer, window_checkpoint,
-                                             resident_set_mb(), open_file_descriptors()};
+                                             resident_set_mb(), open_file_descriptors(),
+                                             window_peer_wait};
       world.gather(mine, kBreakdownFields, gathered, 0);
       const double loss = window[0] / window[2];
       last_window_loss = loss;
@@ -1561,12 +1574,17 @@ TrainSummary Trainer::run() {
         const auto per_step_ms = [&](int field) {
           return 1e3 * parts.max[field] / static_cast<double>(std::max<std::int64_t>(window_steps, 1));
         };
+        // The exposed time's wait for late peers (the ranks' skew), where the shm backend
+        // measures it.
+        char peers[48] = "";
+        if (measures_peer_wait)
+          std::snprintf(peers, sizeof peers, ", peers %.3f s", parts.max[kPeerWait]);
         std::printf("step %lld/%lld  epoch %lld  loss %.4f  train_acc %.4f  lr %g  %.0f samples/s"
-                    "  data_wait %.1f%%  comm %.3f s (exposed %.3f s)  ms/step: data %.2f fwd %.2f"
+                    "  data_wait %.1f%%  comm %.3f s (exposed %.3f s%s)  ms/step: data %.2f fwd %.2f"
                     " bwd %.2f exposed %.2f opt %.2f ckpt %.2f other %.2f\n",
                     static_cast<long long>(step), static_cast<long long>(total_steps),
                     static_cast<long long>(epoch), loss, window[1] / window[2], lr,
-                    samples_per_s, 100 * data_wait_fraction, parts.max[kComm], parts.max[kExposed],
+                    samples_per_s, 100 * data_wait_fraction, parts.max[kComm], parts.max[kExposed], peers,
                     per_step_ms(kDataWait), per_step_ms(kForward), per_step_ms(kBackward),
                     per_step_ms(kExposed), per_step_ms(kOptimizer), per_step_ms(kCheckpoint),
                     1e3 * parts.max_other / static_cast<double>(std::max<std::int64_t>(window_steps, 1)));
@@ -1594,6 +1612,7 @@ TrainSummary Trainer::run() {
             .add_raw("rss_mb", json_array(resources.rss_last, false))
             .add_raw("open_fds", json_array(resources.fds_last, true));
         if (grad_norm >= 0) record.add("grad_norm", grad_norm);
+        if (measures_peer_wait) record.add("exposed_peer_wait_s", parts.max[kPeerWait]);
         metrics.write(record);
         if (state_->tensorboard)
           state_->tensorboard->scalars(
@@ -1615,7 +1634,7 @@ TrainSummary Trainer::run() {
       total_optimizer += window_optimizer;
       window_data_wait = window_forward = window_backward = window_optimizer = 0;
       if (timeline) timeline->flush();  // once per window: no file I/O in the step
-      window_comm = window_exposed = window_checkpoint = 0;
+      window_comm = window_exposed = window_checkpoint = window_peer_wait = 0;
       window_steps = 0;
       window_start = Clock::now();
     }
@@ -1668,13 +1687,20 @@ TrainSummary Trainer::run() {
   summary.grad_norm = grad_norm;
   // The slowest rank sets the pace of synchronous training.
   const Device train_device = on_cuda ? Device::cuda : Device::cpu;
-  double run_max[11] = {train_seconds, total_data_wait, total_comm, total_exposed,
+  double run_max[14] = {train_seconds, total_data_wait, total_comm, total_exposed,
                         total_forward + window_forward, total_backward + window_backward,
                         total_optimizer + window_optimizer,
                         static_cast<double>(step_allocations), static_cast<double>(step_slabs),
                         static_cast<double>(tensor_memory_stats(train_device).peak_bytes),
-                        static_cast<double>(device_memory::cuda_arena_stats().reserved_bytes)};
-  world.allreduce_max(run_max, 11);
+                        static_cast<double>(device_memory::cuda_arena_stats().reserved_bytes),
+                        total_peer_wait, total_comm - total_comm_peer_wait,
+                        total_exposed - total_peer_wait};
+  world.allreduce_max(run_max, 14);
+  if (measures_peer_wait) {
+    summary.exposed_peer_wait_s = run_max[11];
+    summary.comm_excluding_peer_wait_s = run_max[12];
+    summary.exposed_comm_excluding_peer_wait_s = run_max[13];
+  }
   summary.step_tensor_allocations = static_cast<std::int64_t>(run_max[7]);
   summary.step_device_slabs = static_cast<std::int64_t>(run_max[8]);
   summary.tensor_peak_mb = run_max[9] / (1 << 20);
@@ -1730,6 +1756,9 @@ TrainSummary Trainer::run() {
         .add("forward_s", summary.forward_s).add("backward_s", summary.backward_s)
         .add("optimizer_s", summary.optimizer_s)
         .add("exposed_comm_fraction", summary.comm_time_s > 0 ? summary.exposed_comm_time_s / summary.comm_time_s : 0.0)
+        .add("exposed_peer_wait_s", summary.exposed_peer_wait_s)
+        .add("comm_excluding_peer_wait_s", summary.comm_excluding_peer_wait_s)
+        .add("exposed_comm_excluding_peer_wait_s", summary.exposed_comm_excluding_peer_wait_s)
         .add("allreduce", comm::algorithm_name(state_->allreduce.algorithm))
         .add("allreduce_intra", comm::intra_name(state_->allreduce.intra))
         .add("wire_dtype", dtype_name(state_->allreduce.wire))
@@ -1761,6 +1790,8 @@ TrainSummary Trainer::run() {
     if (summary.comm_time_s > 0)
       std::printf(", comm %.2f s (%.0f%% exposed)", summary.comm_time_s,
                   100 * summary.exposed_comm_time_s / summary.comm_time_s);
+    if (summary.comm_time_s > 0 && summary.exposed_peer_wait_s >= 0)
+      std::printf(", exposed %.2f s waiting for peers", summary.exposed_peer_wait_s);
     if (test_reader && summary.test_accuracy >= 0) std::printf(", test accuracy %.4f", summary.test_accuracy);
     std::printf(", %.1f s\n", summary.wall_s);
     std::printf("memory: tensors peak %.1f MiB on %s", summary.tensor_peak_mb, on_cuda ? "cuda" : "cpu");

@@ -42,6 +42,16 @@ for k in ("world_size", "global_batch", "epochs", "steps", "final_train_loss", "
 assert s["world_size"] == np and s["global_batch"] == 32 * np, s
 assert s["steps"] == 2 * (4096 // (32 * np)), s
 assert s["test_accuracy"] > 0.6, s
+# The skew split (shm on a node of more ranks than one measures it; -1 elsewhere): consistent
+# with the times it splits.
+w = s["exposed_peer_wait_s"]
+if np > 1:
+    assert 0 <= w <= s["exposed_comm_time_s"] + 1e-9, s
+    assert 0 <= s["comm_excluding_peer_wait_s"] <= s["comm_time_s"] + 1e-9, s
+    assert 0 <= s["exposed_comm_excluding_peer_wait_s"] <= s["exposed_comm_time_s"] + 1e-9, s
+    assert all("exposed_peer_wait_s" in r for r in steps), steps[0]
+else:
+    assert w == -1 and s["comm_excluding_peer_wait_s"] == -1, s
 print(f"loss {first:.3f} -> {last:.3f}, test accuracy {s['test_accuracy']:.4f}")
 PYEOF
 

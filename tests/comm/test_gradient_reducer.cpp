@@ -318,6 +318,48 @@ TEST_P(ReducerCases, WaitWithoutBackwardReducesEverything) {
   for (std::int64_t i = 0; i < kCount; ++i) ASSERT_EQ(grads.data<float>()[i], expected[i]) << i;
 }
 
+TEST_P(ReducerCases, LateRankShowsAsExposedPeerWaitWhereMeasured) {
+  // The last local rank ends "backward" 150 ms after the others. Where the shm backend measures
+  // it (a node of more than one rank), the punctual ranks' exposed time is mostly the wait for
+  // it, and the late rank's is not; elsewhere nothing is reported.
+  const Case c = GetParam();
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  Topology topology(MPI_COMM_WORLD, c.ranks_per_node);
+  AllreduceConfig config = config_for(c, topology);
+  std::shared_ptr<SharedBuffer> shared;
+  Tensor grads = gradients_for(c, topology, kCount, DType::f32, shared);
+  GradientReducer reducer(topology, config, grads, kOffsets, 64, 64, shared);
+  const bool measured = config.algorithm == Algorithm::hierarchical &&
+                        config.intra == IntraBackend::shm && topology.local_size() > 1 &&
+                        topology.size() > 1;
+  EXPECT_EQ(reducer.measures_peer_wait(), measured);
+  const bool late = topology.local_rank() == topology.local_size() - 1;
+  constexpr double kLateSeconds = 0.15;
+  for (int step = 0; step < 2; ++step) {
+    for (std::int64_t i = 0; i < kCount; ++i) grads.data<float>()[i] = local_value(rank, i);
+    MPI_Barrier(MPI_COMM_WORLD);
+    reducer.begin();
+    if (late) std::this_thread::sleep_for(std::chrono::duration<double>(kLateSeconds));
+    reducer.ready_from(0);  // backward ends: every bucket at once
+    reducer.wait();
+    const double peer_wait = reducer.last_exposed_peer_wait_seconds();
+    EXPECT_GE(peer_wait, 0);
+    EXPECT_LE(peer_wait, reducer.last_exposed_seconds() + 1e-9);
+    EXPECT_LE(peer_wait, reducer.last_peer_wait_seconds() + 1e-9);
+    EXPECT_LE(reducer.last_peer_wait_seconds(), reducer.last_comm_seconds() + 1e-9);
+    if (!measured) {
+      EXPECT_EQ(peer_wait, 0);
+      EXPECT_EQ(reducer.last_peer_wait_seconds(), 0);
+    } else if (late) {
+      EXPECT_LT(peer_wait, 0.5 * kLateSeconds) << "step " << step;
+    } else {
+      EXPECT_GT(peer_wait, 0.6 * kLateSeconds) << "step " << step;
+      EXPECT_GT(peer_wait, 0.6 * reducer.last_exposed_seconds()) << "step " << step;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Algorithms, ReducerCases,
     ::testing::Values(Case{Algorithm::flat_mpi, 0}, Case{Algorithm::hierarchical, 0},
