@@ -181,6 +181,22 @@ Tensor gradients_for(const Case& c, const Topology& topology, std::int64_t count
   return Tensor::adopt(shared->data(), {count}, dtype, shared);
 }
 
+// A case's world: this rank, its topology and config, and COUNT f32 gradients laid out as the
+// case asks (SHARED holds them when registered).
+struct CaseWorld {
+  explicit CaseWorld(const Case& c, std::int64_t count = kCount)
+      : topology(MPI_COMM_WORLD, c.ranks_per_node),
+        config(config_for(c, topology)),
+        grads(gradients_for(c, topology, count, DType::f32, shared)) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  }
+  int rank = 0;
+  Topology topology;
+  AllreduceConfig config;
+  std::shared_ptr<SharedBuffer> shared;
+  Tensor grads;
+};
+
 class ReducerCases : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ReducerCases, BucketedEqualsOneFlatAllreduceForAnyBucketSize) {
@@ -262,22 +278,17 @@ TEST_P(ReducerCases, CutParametersLaunchOnlyOnceFinal) {
   // A backward that finishes large parameters in blocks (as nn::Dense does with a hook) and
   // reports each block: buckets cut inside a parameter must not go out before all of their
   // elements are written (a NaN left in a bucket launched too early would reach the sum).
-  const Case c = GetParam();
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  Topology topology(MPI_COMM_WORLD, c.ranks_per_node);
-  AllreduceConfig config = config_for(c, topology);
   const std::vector<std::int64_t> offsets{0, 7, 60000, 60005};
   const std::int64_t count = 100000, block = 4999;  // blocks straddle the bucket edges
+  CaseWorld w(GetParam(), count);
+  const int rank = w.rank;
   std::vector<float> expected(count);
   for (std::int64_t i = 0; i < count; ++i) expected[i] = local_value(rank, i);
   MPI_Allreduce(MPI_IN_PLACE, expected.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
                 MPI_COMM_WORLD);
-  std::shared_ptr<SharedBuffer> shared;
-  Tensor grads = gradients_for(c, topology, count, DType::f32, shared);
-  float* g = grads.data<float>();
-  GradientReducer reducer(topology, config, grads, offsets, kMinSplitBucketBytes,
-                          kMinSplitBucketBytes, shared);
+  float* g = w.grads.data<float>();
+  GradientReducer reducer(w.topology, w.config, w.grads, offsets, kMinSplitBucketBytes,
+                          kMinSplitBucketBytes, w.shared);
   ASSERT_GT(reducer.num_buckets(), 5);  // 390 KB in 64 KiB buckets
   for (int step = 0; step < 2; ++step) {
     for (std::int64_t i = 0; i < count; ++i) g[i] = std::nanf("");
@@ -299,14 +310,10 @@ TEST_P(ReducerCases, CutParametersLaunchOnlyOnceFinal) {
 
 TEST_P(ReducerCases, WaitWithoutBackwardReducesEverything) {
   // A rank that skips backward (non-finite loss) launches every bucket at wait().
-  const Case c = GetParam();
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  Topology topology(MPI_COMM_WORLD, c.ranks_per_node);
-  AllreduceConfig config = config_for(c, topology);
-  std::shared_ptr<SharedBuffer> shared;
-  Tensor grads = gradients_for(c, topology, kCount, DType::f32, shared);
-  GradientReducer reducer(topology, config, grads, kOffsets, 1, 1, shared);
+  CaseWorld w(GetParam());
+  const int rank = w.rank;
+  Tensor& grads = w.grads;
+  GradientReducer reducer(w.topology, w.config, grads, kOffsets, 1, 1, w.shared);
   std::vector<float> expected(kCount);
   for (std::int64_t i = 0; i < kCount; ++i)
     grads.data<float>()[i] = expected[i] = local_value(rank, i);
@@ -322,19 +329,15 @@ TEST_P(ReducerCases, LateRankShowsAsExposedPeerWaitWhereMeasured) {
   // The last local rank ends "backward" 150 ms after the others. Where the shm backend measures
   // it (a node of more than one rank), the punctual ranks' exposed time is mostly the wait for
   // it, and the late rank's is not; elsewhere nothing is reported.
-  const Case c = GetParam();
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  Topology topology(MPI_COMM_WORLD, c.ranks_per_node);
-  AllreduceConfig config = config_for(c, topology);
-  std::shared_ptr<SharedBuffer> shared;
-  Tensor grads = gradients_for(c, topology, kCount, DType::f32, shared);
-  GradientReducer reducer(topology, config, grads, kOffsets, 64, 64, shared);
-  const bool measured = config.algorithm == Algorithm::hierarchical &&
-                        config.intra == IntraBackend::shm && topology.local_size() > 1 &&
-                        topology.size() > 1;
+  CaseWorld w(GetParam());
+  const int rank = w.rank;
+  Tensor& grads = w.grads;
+  GradientReducer reducer(w.topology, w.config, grads, kOffsets, 64, 64, w.shared);
+  const bool measured = w.config.algorithm == Algorithm::hierarchical &&
+                        w.config.intra == IntraBackend::shm && w.topology.local_size() > 1 &&
+                        w.topology.size() > 1;
   EXPECT_EQ(reducer.measures_peer_wait(), measured);
-  const bool late = topology.local_rank() == topology.local_size() - 1;
+  const bool late = w.topology.local_rank() == w.topology.local_size() - 1;
   constexpr double kLateSeconds = 0.15;
   for (int step = 0; step < 2; ++step) {
     for (std::int64_t i = 0; i < kCount; ++i) grads.data<float>()[i] = local_value(rank, i);
