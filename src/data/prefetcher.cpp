@@ -280,8 +280,7 @@ void Prefetcher::release() {
   }
   {
     std::lock_guard lock(mutex_);
-    slots_[static_cast<std::size_t>(released_ % static_cast<std::int64_t>(slots_.size()))].ready =
-        false;
+    slot.ready = false;
     ++released_;
   }
   slot_freed_.notify_all();
