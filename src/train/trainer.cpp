@@ -1787,11 +1787,13 @@ TrainSummary Trainer::run() {
     if (!config.output_dir.empty()) write_text_file(config.output_dir + "/summary.json", json.str());
     std::printf("done: %lld steps, %.0f samples/s, final train loss %.4f", static_cast<long long>(step),
                 summary.samples_per_s, summary.final_train_loss);
-    if (summary.comm_time_s > 0)
-      std::printf(", comm %.2f s (%.0f%% exposed)", summary.comm_time_s,
+    if (world.size() > 1 && summary.comm_time_s > 0) {  // one rank reduces nothing
+      std::printf(", comm %.2f s (%.0f%% exposed", summary.comm_time_s,
                   100 * summary.exposed_comm_time_s / summary.comm_time_s);
-    if (summary.comm_time_s > 0 && summary.exposed_peer_wait_s >= 0)
-      std::printf(", exposed %.2f s waiting for peers", summary.exposed_peer_wait_s);
+      if (summary.exposed_peer_wait_s >= 0)
+        std::printf(", %.2f s of it waiting for peers", summary.exposed_peer_wait_s);
+      std::printf(")");
+    }
     if (test_reader && summary.test_accuracy >= 0) std::printf(", test accuracy %.4f", summary.test_accuracy);
     std::printf(", %.1f s\n", summary.wall_s);
     std::printf("memory: tensors peak %.1f MiB on %s", summary.tensor_peak_mb, on_cuda ? "cuda" : "cpu");
