@@ -125,9 +125,9 @@ class Allreducer {
   // Where the last allreduce() call waited in its first node barrier: this rank had arrived
   // (its data final, or staged) and waited for the node's last peer to arrive. That is the
   // peers' lateness, the ranks' skew, not the cost of moving data; the trainer reports the part
-  // of it that backward did not hide (docs/architecture.md, "Gradient buckets"). Measured by the
-  // shm backend on a node of more than one rank; elsewhere the lateness stays inside MPI or
-  // NCCL and measured() is false.
+  // of it that backward did not hide (docs/architecture.md, "Peer wait"). Measured by the shm
+  // backend on a node of more than one rank; elsewhere the lateness stays inside MPI or NCCL
+  // and `measured` is false.
   struct PeerWait {
     std::chrono::steady_clock::time_point start, end;
     bool measured = false;

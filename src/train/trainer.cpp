@@ -1209,9 +1209,10 @@ TrainSummary Trainer::run() {
   // Seconds the reducer's thread spent all-reducing, and the part of it that wait() blocked
   // (not hidden behind backward); summed over a window's steps, the slowest rank's logged.
   double window_comm = 0, window_exposed = 0, total_comm = 0, total_exposed = 0;
-  // The part of the exposed time spent waiting for node peers to reach a bucket's all-reduce
-  // (GradientReducer::last_exposed_peer_wait_seconds()): the ranks' skew.
-  double window_peer_wait = 0, total_peer_wait = 0, total_comm_peer_wait = 0;
+  // Waits for node peers to reach a bucket's all-reduce, the ranks' skew: the exposed part
+  // (GradientReducer::last_exposed_peer_wait_seconds()) per window and per run, and all of it
+  // (part of comm) per run.
+  double window_peer_wait = 0, total_exposed_peer_wait = 0, total_peer_wait = 0;
   const bool measures_peer_wait = reducer.measures_peer_wait();
   // The rest of the step-time breakdown (docs/architecture.md, "Step-time breakdown"): seconds
   // in forward (and the loss), backward (with the accumulation copies), the optimizer (unscale,
@@ -1470,8 +1471,8 @@ TrainSummary Trainer::run() {
       total_comm += reducer.last_comm_seconds();
       total_exposed += reducer.last_exposed_seconds();
       window_peer_wait += reducer.last_exposed_peer_wait_seconds();
-      total_peer_wait += reducer.last_exposed_peer_wait_seconds();
-      total_comm_peer_wait += reducer.last_peer_wait_seconds();
+      total_exposed_peer_wait += reducer.last_exposed_peer_wait_seconds();
+      total_peer_wait += reducer.last_peer_wait_seconds();
       const auto optimizer_start = Clock::now();
       comm::set_phase(comm::Phase::optimizer);
       if (timeline) {
@@ -1693,8 +1694,8 @@ TrainSummary Trainer::run() {
                         static_cast<double>(step_allocations), static_cast<double>(step_slabs),
                         static_cast<double>(tensor_memory_stats(train_device).peak_bytes),
                         static_cast<double>(device_memory::cuda_arena_stats().reserved_bytes),
-                        total_peer_wait, total_comm - total_comm_peer_wait,
-                        total_exposed - total_peer_wait};
+                        total_exposed_peer_wait, total_comm - total_peer_wait,
+                        total_exposed - total_exposed_peer_wait};
   world.allreduce_max(run_max, 14);
   if (measures_peer_wait) {
     summary.exposed_peer_wait_s = run_max[11];
