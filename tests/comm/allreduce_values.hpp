@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -62,6 +63,29 @@ inline constexpr Types kTypes[] = {{DType::f32, DType::f32},
 // Unit roundoff (half an ulp of 1) of each element type.
 inline double unit_roundoff(DType dtype) {
   return dtype == DType::f32 ? 0x1p-24 : dtype == DType::f16 ? 0x1p-11 : 0x1p-8;
+}
+
+// Element I after an all-reduce of N ranks' contribution()s in DTYPE over a WIRE dtype, scaled
+// by SCALE (prescale x postscale): the exact value and the bound on the error. Each rank's value
+// enters the wire with at most one rounding (u of the wire dtype: the prescale product and the
+// conversion round once together). An element's sum is a tree of N - 1 additions, each rounded
+// at most to the wire (the shm backend adds in f32 and rounds once per node, MPI's ops and NCCL
+// once per step), each error at most u times the sum of magnitudes. The postscale and the
+// conversion back add at most one more rounding of max(u_wire, u_data) = u. So |error| <=
+// (N + 1) u sum_r |scale x_r| to first order; N + 2 covers the second-order terms. With N = 1
+// and f32 throughout the result is exact.
+struct ExpectedSum {
+  double value, tolerance;
+};
+inline ExpectedSum expected_sum(DType dtype, DType wire, int n, std::int64_t i, double scale) {
+  const double u = std::max(unit_roundoff(wire), unit_roundoff(dtype));
+  double exact = 0, magnitudes = 0;
+  for (int r = 0; r < n; ++r) {
+    const double v = contribution(dtype, r, i);
+    exact += v;
+    magnitudes += std::fabs(v);
+  }
+  return {exact * scale, (n + 2) * u * magnitudes * std::fabs(scale)};
 }
 
 // True on every rank when every rank holds the same bytes (min and max of a hash agree).

@@ -33,7 +33,8 @@ using test::world_size;
 using test::contribution;
 using test::identical_on_every_rank;
 using test::store;
-using test::unit_roundoff;
+using test::ExpectedSum;
+using test::expected_sum;
 using test::widen;
 
 // The ranks per node of the emulated topologies: {1, 2, 3, N} without duplicates.
@@ -75,25 +76,13 @@ void check_allreduce(Allreducer& allreducer, std::int64_t count, DType dtype,
   for (std::int64_t i = 0; i < count; ++i)
     store(dtype, data.raw(), i, contribution(dtype, world_rank(), i));
   allreducer.allreduce(data);
-  // Error bound. Each rank's value enters the wire with at most one rounding (u of the wire
-  // dtype: the prescale product and the conversion round once together). An element's sum is
-  // a tree of N - 1 additions, each rounded at most to the wire (the shm backend adds in f32
-  // and rounds once per node, MPI's ops once per step), each error at most u times the sum of
-  // magnitudes. The postscale and the conversion back add at most one more rounding of
-  // max(u_wire, u_data) = u. So |error| <= (N + 1) u sum_r |pre post x_r| to first order; N + 2
-  // covers the second-order terms. With N = 1 and f32 throughout the result is exact.
-  const double u = std::max(unit_roundoff(config.wire), unit_roundoff(dtype));
+  // The exact sum and its error bound: expected_sum() in allreduce_values.hpp.
   const double scale = static_cast<double>(config.prescale) * config.postscale;
   for (std::int64_t i = 0; i < count; ++i) {
-    double exact = 0, magnitudes = 0;
-    for (int r = 0; r < n; ++r) {
-      const double v = contribution(dtype, r, i);
-      exact += v;
-      magnitudes += std::fabs(v);
-    }
+    const ExpectedSum want = expected_sum(dtype, config.wire, n, i, scale);
     const double got = widen(dtype, data.raw(), i);
-    ASSERT_LE(std::fabs(got - exact * scale), (n + 2) * u * magnitudes * std::fabs(scale))
-        << "index " << i << " of " << count << ": got " << got << ", want " << exact * scale;
+    ASSERT_LE(std::fabs(got - want.value), want.tolerance)
+        << "index " << i << " of " << count << ": got " << got << ", want " << want.value;
   }
   EXPECT_TRUE(identical_on_every_rank(data.raw(), data.size_bytes()));
 }

@@ -44,7 +44,8 @@ int world_size() {
 using test::contribution;
 using test::identical_on_every_rank;
 using test::store;
-using test::unit_roundoff;
+using test::ExpectedSum;
+using test::expected_sum;
 using test::widen;
 
 // Every rank's verdict on a check, agreed (a check fails if it failed on any rank).
@@ -73,23 +74,16 @@ void check_allreduce(Harness& harness, const std::string& label, Allreducer& all
   allreducer.allreduce(data, count, dtype);
   if (!host.empty())
     device_memory::copy(host.data(), Device::cpu, device.raw(), Device::cuda, host.size());
-  const double u = std::max(unit_roundoff(config.wire), unit_roundoff(dtype));
   const double scale = static_cast<double>(config.prescale) * config.postscale;
   std::int64_t bad = 0, first = -1;
   double got_first = 0, want_first = 0;
   for (std::int64_t i = 0; i < count; ++i) {
-    double exact = 0, magnitudes = 0;
-    for (int r = 0; r < n; ++r) {
-      const double v = contribution(dtype, r, i);
-      exact += v;
-      magnitudes += std::fabs(v);
-    }
+    const ExpectedSum want = expected_sum(dtype, config.wire, n, i, scale);
     const double got = widen(dtype, host.data() + offset * element, i);
-    if (!(std::fabs(got - exact * scale) <= (n + 2) * u * magnitudes * std::fabs(scale)) &&
-        bad++ == 0) {
+    if (!(std::fabs(got - want.value) <= want.tolerance) && bad++ == 0) {
       first = i;
       got_first = got;
-      want_first = exact * scale;
+      want_first = want.value;
     }
   }
   char detail[200] = "";
