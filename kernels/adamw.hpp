@@ -22,13 +22,13 @@ struct AdamwStep {
 namespace host {
 void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
                   const Tensor* decay_mask, const AdamwStep& step, Tensor* rounded,
-                  Tensor* widened);
+                  Tensor* widened, const Tensor* control);
 }  // namespace host
 // The CUDA twins (kernels/cuda/adamw.cu), same contracts, every tensor on the cuda device.
 namespace cuda {
 void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
                   const Tensor* decay_mask, const AdamwStep& step, Tensor* rounded,
-                  Tensor* widened);
+                  Tensor* widened, const Tensor* control);
 }  // namespace cuda
 
 // One AdamW step, in place on PARAMS, EXP_AVG (m) and EXP_AVG_SQ (v); all f32 with the same
@@ -39,13 +39,16 @@ void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& 
 //   p -= (lr / bias_correction1) * m / (sqrt(v) / sqrt(bias_correction2) + eps)
 // DECAY_MASK, when given, is u8 (0: no decay for this element, e.g. a bias). ROUNDED and WIDENED
 // are the fused recast of mixed precision, as in kernels::sgd_update (WIDENED may be null on
-// the cuda device).
+// the cuda device). With CONTROL (a kernels::StepState tensor on the params' device, after
+// decide_step) the update reads its verdict there: nothing at all is written when skip is set,
+// and lr = float(CONTROL.lr), bias_correction1/2 = CONTROL's replace STEP's.
 inline void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
                          const Tensor* decay_mask, const AdamwStep& step, Tensor* rounded = nullptr,
-                         Tensor* widened = nullptr) {
+                         Tensor* widened = nullptr, const Tensor* control = nullptr) {
   MPT_DISPATCH_CUDA(params, adamw_update, params, grads, exp_avg, exp_avg_sq, decay_mask, step,
-                    rounded, widened);
-  host::adamw_update(params, grads, exp_avg, exp_avg_sq, decay_mask, step, rounded, widened);
+                    rounded, widened, control);
+  host::adamw_update(params, grads, exp_avg, exp_avg_sq, decay_mask, step, rounded, widened,
+                     control);
 }
 
 }  // namespace mpt::kernels

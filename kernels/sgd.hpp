@@ -10,13 +10,13 @@ namespace mpt::kernels {
 namespace host {
 void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, float lr,
                 float momentum, float weight_decay, bool nesterov, bool first_step,
-                Tensor* rounded, Tensor* widened);
+                Tensor* rounded, Tensor* widened, const Tensor* control);
 }  // namespace host
 // The CUDA twins (kernels/cuda/sgd.cu), same contracts, every tensor on the cuda device.
 namespace cuda {
 void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, float lr,
                 float momentum, float weight_decay, bool nesterov, bool first_step,
-                Tensor* rounded, Tensor* widened);
+                Tensor* rounded, Tensor* widened, const Tensor* control);
 }  // namespace cuda
 
 // One SGD step, in place on PARAMS and MOMENTUM_BUFFER; all three tensors are f32 with the same
@@ -30,13 +30,18 @@ void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, fl
 // written as ROUNDED = round(p) and WIDENED = float(ROUNDED) while it is in cache: the recast
 // of mixed precision (kernels::round_and_widen) fused into the update, one pass fewer over
 // the FP32 masters. On the cuda device WIDENED may be null (cuBLASLt reads ROUNDED itself).
+// With CONTROL (a kernels::StepState tensor on the params' device, after decide_step) the
+// update reads its verdict there instead of from the host: nothing at all is written when
+// skip is set, lr is float(CONTROL.lr) and first_step is CONTROL.applied_steps == 1 (LR and
+// FIRST_STEP are ignored).
 inline void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, float lr,
                        float momentum, float weight_decay, bool nesterov, bool first_step,
-                       Tensor* rounded = nullptr, Tensor* widened = nullptr) {
+                       Tensor* rounded = nullptr, Tensor* widened = nullptr,
+                       const Tensor* control = nullptr) {
   MPT_DISPATCH_CUDA(params, sgd_update, params, grads, momentum_buffer, lr, momentum, weight_decay,
-                    nesterov, first_step, rounded, widened);
+                    nesterov, first_step, rounded, widened, control);
   host::sgd_update(params, grads, momentum_buffer, lr, momentum, weight_decay, nesterov,
-                   first_step, rounded, widened);
+                   first_step, rounded, widened, control);
 }
 
 }  // namespace mpt::kernels

@@ -1,5 +1,6 @@
 // CUDA AdamW update (see kernels/adamw.hpp): the host's float expressions, fused with the
-// recast of the 16-bit working copy.
+// recast of the 16-bit working copy. With a control state every thread derives the step's
+// scalars from it on the device, with the host's expressions.
 #include <cmath>
 
 #include "kernels/adamw.hpp"
@@ -9,8 +10,9 @@ namespace mpt::kernels::cuda {
 
 void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
                   const Tensor* decay_mask, const AdamwStep& step, Tensor* rounded,
-                  Tensor* widened) {
+                  Tensor* widened, const Tensor* control) {
   constexpr const char* op = "kernels::cuda::adamw_update";
+  const StepState* state = control ? step_state_on_device(op, *control) : nullptr;
   require_cuda(op, "params must be f32 on the cuda device", params, DType::f32);
   require_cuda(op, "grads must be f32 on the cuda device", grads, DType::f32);
   require_cuda(op, "exp_avg must be f32 on the cuda device", exp_avg, DType::f32);
@@ -37,11 +39,22 @@ void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& 
   const float* g = grads.data<float>();
   float* m = exp_avg.data<float>();
   float* v = exp_avg_sq.data<float>();
-  const float decay = 1.f - step.lr * step.weight_decay;
+  const float weight_decay = step.weight_decay;
   const float beta1 = step.beta1, beta2 = step.beta2, eps = step.eps;
-  const float step_size = static_cast<float>(step.lr / step.bias_correction1);
-  const float sqrt_bc2 = static_cast<float>(std::sqrt(step.bias_correction2));
+  const float given_decay = 1.f - step.lr * step.weight_decay;
+  const float given_step_size = static_cast<float>(step.lr / step.bias_correction1);
+  const float given_sqrt_bc2 = static_cast<float>(std::sqrt(step.bias_correction2));
   launch_elementwise(op, n, [=] __device__(std::int64_t i) {
+    float decay = given_decay, step_size = given_step_size, sqrt_bc2 = given_sqrt_bc2;
+    if (state) {
+      if (state->skip != 0) return;
+      // The host's expressions; __fmul_rn and __fsub_rn keep 1 - lr * wd from becoming an FMA,
+      // which the host does not use.
+      const float lr = static_cast<float>(state->lr);
+      decay = __fsub_rn(1.f, __fmul_rn(lr, weight_decay));
+      step_size = static_cast<float>(static_cast<double>(lr) / state->bias_correction1);
+      sqrt_bc2 = static_cast<float>(sqrt(state->bias_correction2));
+    }
     const float gi = g[i];
     float pi = (mask == nullptr || mask[i]) ? p[i] * decay : p[i];
     const float mi = beta1 * m[i] + (1.f - beta1) * gi;

@@ -8,12 +8,14 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "core/device_memory.hpp"
 #include "core/error.hpp"
 #include "core/tensor.hpp"
 #include "kernels/check.hpp"
+#include "kernels/step_state.hpp"
 
 namespace mpt::kernels::cuda {
 
@@ -76,6 +78,49 @@ inline RecastTargets recast_targets(const char* op, const Tensor& params, Tensor
   }
   return targets;
 }
+
+// The kernels::StepState in STATE (u8 on the cuda device, sizeof(StepState) bytes), as a device
+// pointer for kernels to read and write; the host never dereferences it.
+inline void require_step_state(const char* op, const Tensor& state) {
+  detail::require(
+      state.defined() && state.dtype() == DType::u8 && state.device() == Device::cuda &&
+          state.numel() == static_cast<std::int64_t>(sizeof(StepState)),
+      op, "the step state must be a u8 tensor of sizeof(StepState) bytes on the cuda device",
+      state);
+}
+inline StepState* step_state_on_device(const char* op, Tensor& state) {
+  require_step_state(op, state);
+  return static_cast<StepState*>(state.raw());
+}
+inline const StepState* step_state_on_device(const char* op, const Tensor& state) {
+  require_step_state(op, state);
+  return static_cast<const StepState*>(state.raw());
+}
+
+// Launchers that an op's file shares with step_state.cu, so that the step's variant runs the
+// very kernel of the plain op. Each validates its tensors, launches on stream() and checks.
+//
+// softmax_xent.cu: one warp per row of LOGITS, adding each row's loss into LOSS_SUM, its hit
+// into CORRECT_COUNT or CORRECT_SUM (whichever is not null), and atomicMin-ing a bad label's row
+// into FIRST_BAD_ROW. With LOSS_SCALE the gradient scale is GRAD_SCALE * float(*LOSS_SCALE),
+// the product taken in f32 on the device.
+struct XentTargets {
+  double* loss_sum = nullptr;
+  unsigned long long* correct_count = nullptr;
+  double* correct_sum = nullptr;
+  unsigned long long* first_bad_row = nullptr;
+  const double* loss_scale = nullptr;
+};
+void launch_softmax_xent(const char* op, const Tensor& logits, const Tensor& labels,
+                         Tensor* dlogits, float grad_scale, const XentTargets& targets);
+// unscale_check.cu: OUTPUTS[i] = INPUTS[i] * INV_SCALE, or * float(1.0 / *LOSS_SCALE) when
+// LOSS_SCALE is given; any non-finite input stores 1 into FLAG (never 0: the caller clears it).
+void launch_unscale_check(const char* op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
+                          float inv_scale, const double* loss_scale, int* flag);
+// norm.cu: atomically adds the sum of squares of VALUES[0, N) in double into *TOTAL (which the
+// caller zeroes); with SKIP, nothing when *SKIP != 0 (read on the device).
+void launch_sum_of_squares(const char* op, const float* values, std::int64_t n, double* total,
+                           const std::int32_t* skip);
 
 // 16-bit storage <-> f32 on the device: exact widening, round to nearest even (Inf and NaN kept,
 // fp16 overflow to Inf), bit for bit what the host converters do.

@@ -1,5 +1,6 @@
 // CUDA SGD update (see kernels/sgd.hpp): one fused pass, with the recast of the 16-bit working
-// copy in the same thread that updates the master weight.
+// copy in the same thread that updates the master weight. With a control state every thread
+// reads the step's verdict, lr and first-step flag from it on the device.
 #include "kernels/cuda/common.cuh"
 #include "kernels/sgd.hpp"
 
@@ -7,8 +8,9 @@ namespace mpt::kernels::cuda {
 
 void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, float lr,
                 float momentum, float weight_decay, bool nesterov, bool first_step,
-                Tensor* rounded, Tensor* widened) {
+                Tensor* rounded, Tensor* widened, const Tensor* control) {
   constexpr const char* op = "kernels::cuda::sgd_update";
+  const StepState* state = control ? step_state_on_device(op, *control) : nullptr;
   require_cuda(op, "params must be f32 on the cuda device", params, DType::f32);
   require_cuda(op, "grads must be f32 on the cuda device", grads, DType::f32);
   const std::int64_t n = params.numel();
@@ -29,14 +31,21 @@ void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, fl
     buf = momentum_buffer.data<float>();
   }
   launch_elementwise(op, n, [=] __device__(std::int64_t i) {
+    float step_lr = lr;
+    bool first = first_step;
+    if (state) {
+      if (state->skip != 0) return;
+      step_lr = static_cast<float>(state->lr);
+      first = state->applied_steps == 1.0;
+    }
     float pi = p[i];
     const float d = g[i] + weight_decay * pi;
     if (buf) {
-      const float b = first_step ? d : momentum * buf[i] + d;
+      const float b = first ? d : momentum * buf[i] + d;
       buf[i] = b;
-      pi -= lr * (nesterov ? d + momentum * b : b);
+      pi -= step_lr * (nesterov ? d + momentum * b : b);
     } else {
-      pi -= lr * d;
+      pi -= step_lr * d;
     }
     p[i] = pi;
     if (out16) {

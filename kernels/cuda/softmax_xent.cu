@@ -1,6 +1,7 @@
 // CUDA softmax cross-entropy (see kernels/softmax_xent.hpp): one warp per row. The row maximum
 // (first maximum on ties, as torch.argmax), the exp sum in double and the gradient follow the
-// host's arithmetic; the batch sums meet in double and integer atomics.
+// host's arithmetic; the batch sums meet in double and integer atomics. The kernel also serves
+// kernels::cuda::softmax_xent_step (step_state.cu), which sends its sums into the StepState.
 #include <limits>
 
 #include "kernels/cuda/common.cuh"
@@ -19,7 +20,11 @@ constexpr int kRowsPerBlock = kThreads / 32;
 
 __global__ void xent_kernel(const float* logits, const std::int32_t* labels, float* dlogits,
                             std::int64_t rows, std::int64_t classes, float grad_scale,
-                            Totals* totals) {
+                            XentTargets targets) {
+  // The step's loss scale is read here, on the device; __fmul_rn keeps the f32 product from
+  // being fused into the gradient's subtraction below, so it is rounded as on the host.
+  if (targets.loss_scale)
+    grad_scale = __fmul_rn(grad_scale, static_cast<float>(*targets.loss_scale));
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -28,7 +33,7 @@ __global__ void xent_kernel(const float* logits, const std::int32_t* labels, flo
   const std::int32_t label = labels[row];
   if (label < 0 || label >= classes) {
     if (label != kIgnoreLabel && lane == 0)
-      atomicMin(&totals->first_bad_row, static_cast<unsigned long long>(row));
+      atomicMin(targets.first_bad_row, static_cast<unsigned long long>(row));
     if (dx)
       for (std::int64_t j = lane; j < classes; j += 32) dx[j] = 0.f;
     return;
@@ -70,39 +75,28 @@ __global__ void xent_kernel(const float* logits, const std::int32_t* labels, flo
     }
   }
   if (lane == 0) {
-    atomicAdd(&totals->loss_sum,
+    atomicAdd(targets.loss_sum,
               static_cast<double>(max_logit) + log(exp_sum) - static_cast<double>(x[label]));
-    if (argmax == label) atomicAdd(&totals->correct, 1ull);
+    if (argmax == label) {
+      if (targets.correct_count)
+        atomicAdd(targets.correct_count, 1ull);
+      else
+        atomicAdd(targets.correct_sum, 1.0);
+    }
   }
 }
 
 XentStats run(const char* op, const Tensor& logits, const Tensor& labels, Tensor* dlogits,
               float grad_scale) {
-  require_cuda(op, "logits must be f32 on the cuda device", logits, DType::f32);
-  detail::require(logits.rank() == 2 && logits.dim(1) > 0, op,
-                  "logits must be [batch, classes] with classes > 0", logits);
-  require_cuda(op, "labels must be 1-D int32 on the cuda device", labels, DType::i32);
-  detail::require(labels.rank() == 1, op, "labels must be 1-D int32 on the cuda device", labels);
-  detail::require_pair(labels.dim(0) == logits.dim(0), op,
-                       "labels must have one entry per row of logits", logits, labels);
-  if (dlogits) {
-    require_cuda(op, "dlogits must be f32 on the cuda device", *dlogits, DType::f32);
-    detail::require_pair(dlogits->shape() == logits.shape(), op,
-                         "dlogits must have the shape of logits", logits, *dlogits);
-  }
   static_assert(sizeof(Totals) <= 256, "Totals must fit the reduction scratch");
   auto* totals = static_cast<Totals*>(reduction_scratch());
   const Totals start{0.0, 0ull, std::numeric_limits<unsigned long long>::max()};
   MPT_CHECK_CUDA(cudaMemcpyAsync(totals, &start, sizeof start, cudaMemcpyHostToDevice, stream()));
-  const std::int64_t rows = logits.dim(0);
-  if (rows > 0) {
-    const auto blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
-    xent_kernel<<<blocks, kThreads, 0, stream()>>>(logits.data<float>(),
-                                                   labels.data<std::int32_t>(),
-                                                   dlogits ? dlogits->data<float>() : nullptr,
-                                                   rows, logits.dim(1), grad_scale, totals);
-    check_launch(op);
-  }
+  XentTargets targets;
+  targets.loss_sum = &totals->loss_sum;
+  targets.correct_count = &totals->correct;
+  targets.first_bad_row = &totals->first_bad_row;
+  launch_softmax_xent(op, logits, labels, dlogits, grad_scale, targets);
   Totals result{};
   read_scratch(&result, sizeof result);
   if (result.first_bad_row != std::numeric_limits<unsigned long long>::max()) {
@@ -117,6 +111,29 @@ XentStats run(const char* op, const Tensor& logits, const Tensor& labels, Tensor
 }
 
 }  // namespace
+
+void launch_softmax_xent(const char* op, const Tensor& logits, const Tensor& labels,
+                         Tensor* dlogits, float grad_scale, const XentTargets& targets) {
+  require_cuda(op, "logits must be f32 on the cuda device", logits, DType::f32);
+  detail::require(logits.rank() == 2 && logits.dim(1) > 0, op,
+                  "logits must be [batch, classes] with classes > 0", logits);
+  require_cuda(op, "labels must be 1-D int32 on the cuda device", labels, DType::i32);
+  detail::require(labels.rank() == 1, op, "labels must be 1-D int32 on the cuda device", labels);
+  detail::require_pair(labels.dim(0) == logits.dim(0), op,
+                       "labels must have one entry per row of logits", logits, labels);
+  if (dlogits) {
+    require_cuda(op, "dlogits must be f32 on the cuda device", *dlogits, DType::f32);
+    detail::require_pair(dlogits->shape() == logits.shape(), op,
+                         "dlogits must have the shape of logits", logits, *dlogits);
+  }
+  const std::int64_t rows = logits.dim(0);
+  if (rows <= 0) return;
+  const auto blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  xent_kernel<<<blocks, kThreads, 0, stream()>>>(logits.data<float>(), labels.data<std::int32_t>(),
+                                                 dlogits ? dlogits->data<float>() : nullptr, rows,
+                                                 logits.dim(1), grad_scale, targets);
+  check_launch(op);
+}
 
 XentStats softmax_xent_forward(const Tensor& logits, const Tensor& labels) {
   return run("kernels::cuda::softmax_xent_forward", logits, labels, nullptr, 0.f);

@@ -2,6 +2,8 @@
 // kMaxBuckets buckets travel in the kernel's parameters; each block owns one chunk of one
 // bucket, finds its bucket by a scan of the (few) descriptors, scales, and raises a shared
 // flag on Inf or NaN. More buckets take more launches onto the same flag, read once at the end.
+// kernels::cuda::unscale_and_check_step (step_state.cu) runs the same kernel with the inverse
+// scale taken from the StepState on the device and the flag in it.
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
@@ -25,7 +27,9 @@ struct Buckets {
   int count;
 };
 
-__global__ void unscale_check_kernel(Buckets buckets, float inv_scale, int* flag) {
+__global__ void unscale_check_kernel(Buckets buckets, float inv_scale, const double* loss_scale,
+                                     int* flag) {
+  if (loss_scale) inv_scale = static_cast<float>(1.0 / *loss_scale);
   int b = 0;
   while (b + 1 < buckets.count && buckets.bucket[b + 1].first_block <= blockIdx.x) ++b;
   const Bucket& bucket = buckets.bucket[b];
@@ -46,18 +50,17 @@ __global__ void unscale_check_kernel(Buckets buckets, float inv_scale, int* flag
 
 }  // namespace
 
-bool unscale_and_check(std::span<const Tensor> inputs, std::span<Tensor> outputs, float inv_scale) {
-  constexpr const char* op = "kernels::cuda::unscale_and_check";
+void launch_unscale_check(const char* op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
+                          float inv_scale, const double* loss_scale, int* flag) {
   if (inputs.size() != outputs.size())
     abort_job(std::string(op) + ": " + std::to_string(inputs.size()) + " inputs but " +
               std::to_string(outputs.size()) + " outputs");
-  auto* flag = static_cast<int*>(reduction_scratch());
-  MPT_CHECK_CUDA(cudaMemsetAsync(flag, 0, sizeof(int), stream()));
   Buckets pack{};
   std::int64_t blocks = 0;
   const auto flush = [&] {
     if (pack.count > 0 && blocks > 0) {
-      unscale_check_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(pack, inv_scale, flag);
+      unscale_check_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(
+          pack, inv_scale, loss_scale, flag);
       check_launch(op);
     }
     pack.count = 0;
@@ -78,6 +81,13 @@ bool unscale_and_check(std::span<const Tensor> inputs, std::span<Tensor> outputs
     blocks += (input.numel() + kChunk - 1) / kChunk;
   }
   flush();
+}
+
+bool unscale_and_check(std::span<const Tensor> inputs, std::span<Tensor> outputs, float inv_scale) {
+  constexpr const char* op = "kernels::cuda::unscale_and_check";
+  auto* flag = static_cast<int*>(reduction_scratch());
+  MPT_CHECK_CUDA(cudaMemsetAsync(flag, 0, sizeof(int), stream()));
+  launch_unscale_check(op, inputs, outputs, inv_scale, nullptr, flag);
   int bad = 0;
   read_scratch(&bad, sizeof bad);
   return bad == 0;

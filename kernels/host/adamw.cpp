@@ -5,14 +5,23 @@
 
 #include "kernels/host/convert.hpp"
 #include "kernels/host/parallel.hpp"
+#include "kernels/step_state.hpp"
 
 namespace mpt::kernels::host {
 
 void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
-                  const Tensor* decay_mask, const AdamwStep& step, Tensor* rounded,
-                  Tensor* widened) {
+                  const Tensor* decay_mask, const AdamwStep& given, Tensor* rounded,
+                  Tensor* widened, const Tensor* control) {
   static const std::string label = "kernels::adamw_update";
   constexpr const char* op = "kernels::adamw_update";
+  AdamwStep step = given;
+  if (control) {
+    const StepState& state = detail::host_step_state(op, *control);
+    if (state.skip != 0) return;
+    step.lr = static_cast<float>(state.lr);
+    step.bias_correction1 = state.bias_correction1;
+    step.bias_correction2 = state.bias_correction2;
+  }
   detail::require_host_f32(op, "params must be f32 on the host", params);
   detail::require_host_f32(op, "grads must be f32 on the host", grads);
   detail::require_host_f32(op, "exp_avg must be f32 on the host", exp_avg);

@@ -3,14 +3,21 @@
 
 #include "kernels/host/convert.hpp"
 #include "kernels/host/parallel.hpp"
+#include "kernels/step_state.hpp"
 
 namespace mpt::kernels::host {
 
 void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, float lr,
                 float momentum, float weight_decay, bool nesterov, bool first_step,
-                Tensor* rounded, Tensor* widened) {
+                Tensor* rounded, Tensor* widened, const Tensor* control) {
   static const std::string label = "kernels::sgd_update";
   constexpr const char* op = "kernels::sgd_update";
+  if (control) {
+    const StepState& state = detail::host_step_state(op, *control);
+    if (state.skip != 0) return;
+    lr = static_cast<float>(state.lr);
+    first_step = state.applied_steps == 1.0;
+  }
   detail::require_host_f32(op, "params must be f32 on the host", params);
   detail::require_host_f32(op, "grads must be f32 on the host", grads);
   detail::require_pair(params.numel() == grads.numel(), op,

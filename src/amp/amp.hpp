@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/step_state.hpp"
+
 namespace mpt::amp {
 
 struct LossScalerOptions {
@@ -54,5 +56,20 @@ class LossScaler {
   LossScalerOptions options_;
   LossScalerState state_;
 };
+
+// OPTIONS as the rule kernels::decide_step applies to the scale on the gradients' device (the
+// trainer's path; LossScaler::update is the same rules on the host).
+inline kernels::ScaleRule scale_rule(const LossScalerOptions& options) {
+  kernels::ScaleRule rule;
+  rule.dynamic = options.enabled && options.static_scale == 0;
+  rule.growth_factor = options.growth_factor;
+  rule.backoff_factor = options.backoff_factor;
+  rule.min_scale = options.min_scale;
+  rule.max_scale = options.max_scale;
+  rule.growth_interval = options.growth_interval;
+  rule.hysteresis = options.hysteresis;
+  rule.fail_at_min_scale = options.fail_at_min_scale;
+  return rule;
+}
 
 }  // namespace mpt::amp

@@ -65,6 +65,18 @@ void AdamW::step(float lr) {
   ++steps_;
 }
 
+void AdamW::step(const Tensor& control) {
+  kernels::AdamwStep scalars;  // lr and the bias corrections come from CONTROL
+  scalars.beta1 = options_.beta1;
+  scalars.beta2 = options_.beta2;
+  scalars.eps = options_.eps;
+  scalars.weight_decay = options_.weight_decay;
+  const bool recast = rounded_.defined();
+  kernels::adamw_update(params_, grads_, exp_avg_, exp_avg_sq_,
+                        decay_mask_.defined() ? &decay_mask_ : nullptr, scalars,
+                        recast ? &rounded_ : nullptr, recast ? &widened_ : nullptr, &control);
+}
+
 std::vector<StateTensor> AdamW::state() {
   return {{"exp_avg", exp_avg_}, {"exp_avg_sq", exp_avg_sq_}};
 }

@@ -25,6 +25,11 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update with learning rate LR (the schedule's value for steps()).
   virtual void step(float lr) = 0;
+  // One update whose verdict, learning rate and step count are read on the device from CONTROL
+  // (a kernels::StepState after kernels::decide_step: nothing happens when it skips), with no
+  // host synchronisation. steps() does not move: the caller sets it from the state it reads
+  // back (set_steps), once the step is done.
+  virtual void step(const Tensor& control) = 0;
   // The optimizer state that a checkpoint must carry to resume bit for bit (none for plain SGD).
   virtual std::vector<StateTensor> state() = 0;
   // Mixed precision: every step also writes ROUNDED = round(params) (f16/bf16) and WIDENED =
@@ -63,6 +68,7 @@ class Sgd final : public Optimizer {
   // One update with learning rate LR from grads(). The first step after construction (steps()
   // == 0) starts the momentum buffer from the gradient, as PyTorch does.
   void step(float lr) override;
+  void step(const Tensor& control) override;
   std::vector<StateTensor> state() override;
 
   // Undefined when momentum == 0 (PyTorch keeps no buffer then).
@@ -96,6 +102,7 @@ class AdamW final : public Optimizer {
 
   // One update with learning rate LR; the bias corrections use t = steps() + 1.
   void step(float lr) override;
+  void step(const Tensor& control) override;
   std::vector<StateTensor> state() override;
 
   Tensor& exp_avg() { return exp_avg_; }
@@ -158,6 +165,16 @@ class Schedule {
   double base_lr_;
   std::int64_t total_steps_;
 };
+
+// The table kernels::decide_step reads on the device (kernels/step_state.hpp), on DEVICE: row k
+// is the update that follows A = APPLIED_AT_START + k applied updates, with lr =
+// SCHEDULE.lr(A + SCHEDULE_OFFSET) (as a double; the optimizers round it to float, as step(float)
+// does) and the bias corrections 1 - BETA1^t, 1 - BETA2^t for t = A + 1 (AdamW's, in double as
+// AdamW::step computes them; SGD passes 0 and gets 1). ROWS >= 1: the updates this run can
+// apply, one per step (the last row serves any later one). Allocates; setup only.
+Tensor schedule_table(const Schedule& schedule, std::int64_t schedule_offset,
+                      std::int64_t applied_at_start, std::int64_t rows, float beta1, float beta2,
+                      Device device);
 
 // Clipping by global norm (torch.nn.utils.clip_grad_norm_): computes the L2 norm of GRADS (f32,
 // accumulated in double) and, when MAX_NORM > 0, scales GRADS in place by

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "kernels/step_state.hpp"
 #include "optim/optim.hpp"
 
 namespace mpt::optim {
@@ -99,6 +100,24 @@ double scaled_lr(double lr, const std::string& scaling, std::int64_t global_batc
               "--optimizer.reference-batch must be > 0, got " + std::to_string(reference_batch),
               "the batch the base LR was tuned for, e.g. 256");
   return lr * static_cast<double>(global_batch) / static_cast<double>(reference_batch);
+}
+
+Tensor schedule_table(const Schedule& schedule, std::int64_t schedule_offset,
+                      std::int64_t applied_at_start, std::int64_t rows, float beta1, float beta2,
+                      Device device) {
+  if (rows < 1) abort_job("optim::schedule_table: needs at least one row");
+  Tensor table({rows, kernels::kScheduleColumns}, DType::f64);
+  double* out = table.data<double>();
+  for (std::int64_t k = 0; k < rows; ++k) {
+    const std::int64_t applied = applied_at_start + k;
+    const double t = static_cast<double>(applied + 1);
+    out[k * kernels::kScheduleColumns + kernels::kScheduleLr] = schedule.lr(applied + schedule_offset);
+    out[k * kernels::kScheduleColumns + kernels::kScheduleBias1] =
+        1.0 - std::pow(static_cast<double>(beta1), t);
+    out[k * kernels::kScheduleColumns + kernels::kScheduleBias2] =
+        1.0 - std::pow(static_cast<double>(beta2), t);
+  }
+  return device == Device::cpu ? table : table.to(device);
 }
 
 }  // namespace mpt::optim

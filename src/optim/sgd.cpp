@@ -43,6 +43,13 @@ void Sgd::step(float lr) {
   ++steps_;
 }
 
+void Sgd::step(const Tensor& control) {
+  const bool recast = rounded_.defined();
+  kernels::sgd_update(params_, grads_, momentum_buffer_, 0.f, options_.momentum,
+                      options_.weight_decay, options_.nesterov, false, recast ? &rounded_ : nullptr,
+                      recast ? &widened_ : nullptr, &control);
+}
+
 std::vector<StateTensor> Sgd::state() {
   if (!momentum_buffer_.defined()) return {};
   return {{"momentum_buffer", momentum_buffer_}};

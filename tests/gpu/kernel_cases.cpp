@@ -27,6 +27,7 @@
 #include "kernels/scale.hpp"
 #include "kernels/sgd.hpp"
 #include "kernels/softmax_xent.hpp"
+#include "kernels/step_state.hpp"
 #include "kernels/transpose.hpp"
 #include "kernels/unscale_check.hpp"
 
@@ -47,6 +48,58 @@ void plant_specials(Tensor& t) {
   std::int64_t i = 0;
   for (float value : specials) set_element(t, (i += 977) % t.numel(), value);
 }
+
+// The fields of two StepStates that differ ("" when none): every field exact, except the two
+// sums whose order differs between the twins, loss_sum (LOSS_TOL) and grad_sumsq (rtol 1e-12).
+std::string state_differences(const kernels::StepState& got, const kernels::StepState& want,
+                              Tolerance loss_tol) {
+  std::string differ;
+  const auto field = [&](const char* name, double a, double b, Tolerance tol) {
+    const bool ok = a == b || (std::isnan(a) && std::isnan(b)) ||
+                    std::abs(a - b) <= tol.atol + tol.rtol * std::abs(b);
+    if (ok) return;
+    char text[160];
+    std::snprintf(text, sizeof text, " %s: got %.17g, want %.17g;", name, a, b);
+    differ += text;
+  };
+  field("scale", got.scale, want.scale, kExact);
+  field("growth_tracker", got.growth_tracker, want.growth_tracker, kExact);
+  field("hysteresis_tracker", got.hysteresis_tracker, want.hysteresis_tracker, kExact);
+  field("skipped_steps", got.skipped_steps, want.skipped_steps, kExact);
+  field("applied_steps", got.applied_steps, want.applied_steps, kExact);
+  field("applied_at_start", got.applied_at_start, want.applied_at_start, kExact);
+  field("loss_sum", got.loss_sum, want.loss_sum, loss_tol);
+  field("correct", got.correct, want.correct, kExact);
+  field("grad_sumsq", got.grad_sumsq, want.grad_sumsq, {1e-12, 0});
+  field("lr", got.lr, want.lr, kExact);
+  field("bias_correction1", got.bias_correction1, want.bias_correction1, kExact);
+  field("bias_correction2", got.bias_correction2, want.bias_correction2, kExact);
+  field("old_scale", got.old_scale, want.old_scale, kExact);
+  if (got.first_bad_row != want.first_bad_row)
+    differ += " first_bad_row: got " + std::to_string(got.first_bad_row) + ", want " +
+              std::to_string(want.first_bad_row) + ";";
+  field("bad_label", got.bad_label, want.bad_label, kExact);
+  field("found_inf", got.found_inf, want.found_inf, kExact);
+  field("skip", got.skip, want.skip, kExact);
+  field("failed_at_min_scale", got.failed_at_min_scale, want.failed_at_min_scale, kExact);
+  return differ;
+}
+
+// One check that the device's state DEVICE_STATE equals the host's HOST_STATE.
+void expect_same_state(Harness& h, const std::string& what, const Tensor& device_state,
+                       const Tensor& host_state, Tolerance loss_tol = {1e-12, 0}) {
+  const std::string differ = state_differences(kernels::read_step_state(device_state),
+                                               kernels::read_step_state(host_state), loss_tol);
+  h.expect(differ.empty(), what, differ);
+}
+
+// The same StepState on the host and on the device.
+struct StatePair {
+  Tensor host, device;
+  explicit StatePair(const kernels::StepState& init)
+      : host(kernels::step_state_tensor(init, Device::cpu)),
+        device(kernels::step_state_tensor(init, Device::cuda)) {}
+};
 
 }  // namespace
 
@@ -346,20 +399,35 @@ void case_norm(Harness& h, Random& rng) {
                 {1e-12, 0});
 }
 
+namespace {
+
+// COUNT gradient buckets of every dtype and of sizes from 1 to 3 chunks (more than one
+// launch's worth), on the host and copied to the device, with f32 outputs on both: bucket
+// EMPTY (if >= 0) holds no element, and with POISONED bucket 59 ends in an Inf.
+struct UnscaleBuckets {
+  std::vector<Tensor> in, out, device_in, device_out;
+};
+UnscaleBuckets unscale_buckets(Random& rng, int count, bool poisoned, int empty) {
+  UnscaleBuckets buckets;
+  for (int b = 0; b < count; ++b) {
+    const DType dtype = kFloatTypes[b % 3];
+    const std::int64_t n = b == empty ? 0 : 1 + (b * 977) % 9000;
+    Tensor x = rng.tensor({n}, dtype, -100.f, 100.f);
+    if (poisoned && b == 59) set_element(x, n - 1, kInf);
+    buckets.in.push_back(x);
+    buckets.out.emplace_back(Shape{n}, DType::f32);
+    buckets.device_in.push_back(dev(x));
+    buckets.device_out.emplace_back(Shape{n}, DType::f32, Device::cuda);
+  }
+  return buckets;
+}
+
+}  // namespace
+
 void case_unscale_check(Harness& h, Random& rng) {
   // 60 buckets of every dtype and of sizes from 1 to 3 chunks: more than one launch's worth.
   for (bool poisoned : {false, true}) {
-    std::vector<Tensor> in, out, ind, outd;
-    for (int b = 0; b < 60; ++b) {
-      const DType dtype = kFloatTypes[b % 3];
-      const std::int64_t n = 1 + (b * 977) % 9000;
-      Tensor x = rng.tensor({n}, dtype, -100.f, 100.f);
-      if (poisoned && b == 59) set_element(x, n - 1, kInf);
-      in.push_back(x);
-      out.emplace_back(Shape{n}, DType::f32);
-      ind.push_back(dev(x));
-      outd.emplace_back(Shape{n}, DType::f32, Device::cuda);
-    }
+    auto [in, out, ind, outd] = unscale_buckets(rng, 60, poisoned, -1);
     const bool want = kernels::unscale_and_check(in, out, 1.f / 1024.f);
     const bool got = kernels::unscale_and_check(ind, outd, 1.f / 1024.f);
     const std::string label = std::string("unscale_and_check") + (poisoned ? " (Inf in the last bucket)" : "");
@@ -406,6 +474,275 @@ void case_softmax_xent(Harness& h, Random& rng) {
   }
 }
 
+void case_step_state(Harness& h, Random& rng) {
+  using kernels::StepState;
+  // begin_step clears what the last step left and keeps the scaler's and the optimizer's fields.
+  {
+    StepState used;
+    used.scale = 512;
+    used.growth_tracker = 2;
+    used.applied_steps = 17;
+    used.lr = 0.25;
+    used.loss_sum = 3.5;
+    used.correct = 7;
+    used.grad_sumsq = 12;
+    used.first_bad_row = 4;
+    used.bad_label = 99;
+    used.found_inf = 1;
+    used.skip = 1;
+    StatePair state(used);
+    kernels::begin_step(state.host);
+    kernels::begin_step(state.device);
+    expect_same_state(h, "begin_step", state.device, state.host);
+  }
+
+  // softmax_xent_step over two micro-batches: the gradient scale times the state's loss scale
+  // (3072: the f32 product rounds), the sums added up. The tolerances of case_softmax_xent:
+  // expf on the device and std::exp on the host differ in the last bit, so loss_sum agrees to
+  // 1e-6, not to the 1e-12 of a mere change of summation order.
+  {
+    StepState init;
+    init.scale = 3072;
+    StatePair state(init);
+    kernels::begin_step(state.host);
+    kernels::begin_step(state.device);
+    const float grad_scale = 1.f / (256 + 67);
+    const float effective = grad_scale * 3072.f;
+    for (auto [batch, classes] : {std::pair<std::int64_t, std::int64_t>{256, 10}, {67, 1000}}) {
+      const std::string dims = " [" + std::to_string(batch) + "x" + std::to_string(classes) + "]";
+      Tensor logits = rng.tensor({batch, classes}, DType::f32, -8.f, 8.f);
+      logits.data<float>()[3] = logits.data<float>()[7] = 20.f;  // a tie: the first maximum wins
+      Tensor labels({batch}, DType::i32);
+      for (std::int64_t i = 0; i < batch; ++i)
+        labels.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng.next() % classes);
+      labels.data<std::int32_t>()[0] = 3;
+      labels.data<std::int32_t>()[1] = kernels::kIgnoreLabel;
+      Tensor dl(logits.shape(), DType::f32), dld(logits.shape(), DType::f32, Device::cuda);
+      kernels::softmax_xent_step(logits, labels, dl, grad_scale, state.host);
+      kernels::softmax_xent_step(dev(logits), dev(labels), dld, grad_scale, state.device);
+      h.expect_close("softmax_xent_step dlogits" + dims, dld, dl, {1e-5, 1e-6 * effective});
+    }
+    expect_same_state(h, "softmax_xent_step state after 2 micro-batches", state.device, state.host,
+                      {1e-6, 0});
+  }
+
+  // Bad labels on the device (the host aborts instead): the first bad row of the first
+  // micro-batch that has one is recorded with its label; bad rows add nothing and get zero
+  // gradients, as ignored rows do on the host; a later micro-batch's bad row replaces nothing.
+  {
+    StepState init;
+    init.scale = 8;
+    StatePair state(init);
+    kernels::begin_step(state.host);
+    kernels::begin_step(state.device);
+    constexpr std::int64_t batch = 40, classes = 10;
+    const std::vector<std::pair<std::int64_t, std::int32_t>> bad[3] = {
+        {}, {{12, -5}, {7, 10}, {30, 1000}}, {{2, 99}}};  // (row, label) per micro-batch
+    for (int micro = 0; micro < 3; ++micro) {
+      Tensor logits = rng.tensor({batch, classes}, DType::f32, -4.f, 4.f);
+      Tensor labels({batch}, DType::i32);
+      for (std::int64_t i = 0; i < batch; ++i)
+        labels.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng.next() % classes);
+      Tensor ignored = labels.to(Device::cpu);
+      for (auto [row, label] : bad[micro]) {
+        labels.data<std::int32_t>()[row] = label;
+        ignored.data<std::int32_t>()[row] = kernels::kIgnoreLabel;
+      }
+      Tensor dl(logits.shape(), DType::f32), dld(logits.shape(), DType::f32, Device::cuda);
+      kernels::softmax_xent_step(logits, ignored, dl, 0.25f, state.host);
+      kernels::softmax_xent_step(dev(logits), dev(labels), dld, 0.25f, state.device);
+      h.expect_close(
+          "softmax_xent_step dlogits, bad labels as ignored, micro-batch " + std::to_string(micro),
+          dld, dl, {1e-5, 1e-6 * 0.25 * 8});
+    }
+    const StepState got = kernels::read_step_state(state.device);
+    StepState want = kernels::read_step_state(state.host);
+    h.expect(got.first_bad_row == 7 && got.bad_label == classes,
+             "softmax_xent_step records the first bad row and its label",
+             "got row " + std::to_string(got.first_bad_row) + " label " +
+                 std::to_string(got.bad_label) + ", want row 7 label 10");
+    want.first_bad_row = 7;
+    want.bad_label = classes;
+    const std::string differ = state_differences(got, want, {1e-6, 0});
+    h.expect(differ.empty(), "softmax_xent_step: bad rows add nothing", differ);
+  }
+
+  // poison_if_nonfinite_loss: a NaN into element 0 exactly when the loss is not finite.
+  for (DType dtype : kFloatTypes)
+    for (double loss : {1.5, std::nan(""), HUGE_VAL, -HUGE_VAL}) {
+      StepState init;
+      init.loss_sum = loss;
+      StatePair state(init);
+      Tensor g = rng.tensor({1000}, dtype);
+      Tensor gd = dev(g);
+      kernels::poison_if_nonfinite_loss(g, state.host);
+      kernels::poison_if_nonfinite_loss(gd, state.device);
+      const std::string label =
+          "poison_if_nonfinite_loss loss=" + std::to_string(loss) + tag(dtype);
+      h.expect_same_bytes(label, gd, g);
+      h.expect(std::isnan(host_f32(gd).data<float>()[0]) == !std::isfinite(loss),
+               label + ": element 0 is NaN iff the loss is not finite", "it is not");
+    }
+  {
+    StepState init;
+    init.loss_sum = std::nan("");
+    StatePair state(init);
+    Tensor empty({0}, DType::f32, Device::cuda);
+    kernels::poison_if_nonfinite_loss(empty, state.device);
+    h.expect(empty.numel() == 0, "poison_if_nonfinite_loss on no elements writes nothing");
+  }
+
+  // unscale_and_check_step: 60 buckets and an empty one, with 1/scale from the state (1/3072
+  // rounds to f32); found_inf is raised by an Inf and never cleared.
+  for (auto [poisoned, before] : {std::pair<bool, std::int32_t>{false, 0}, {true, 0}, {false, 1}}) {
+    StepState init;
+    init.scale = 3072;
+    init.found_inf = before;
+    StatePair state(init);
+    auto [in, out, ind, outd] = unscale_buckets(rng, 61, poisoned, 30);
+    kernels::unscale_and_check_step(in, out, state.host);
+    kernels::unscale_and_check_step(ind, outd, state.device);
+    const std::string label = std::string("unscale_and_check_step") +
+                              (poisoned ? " (Inf in the last bucket)" : "") +
+                              (before ? " (found_inf already raised)" : "");
+    expect_same_state(h, label + ": state", state.device, state.host);
+    h.expect(kernels::read_step_state(state.device).found_inf == (poisoned || before ? 1 : 0),
+             label + ": found_inf", "wrong flag");
+    bool same = true;
+    for (std::size_t b = 0; b < in.size(); ++b) {
+      const Tensor g = host_f32(outd[b]);
+      const Tensor& w = out[b];
+      for (std::int64_t i = 0; i < w.numel() && same; ++i) {
+        const float a = g.data<float>()[i], c = w.data<float>()[i];
+        same = a == c || (std::isnan(a) && std::isnan(c));
+      }
+    }
+    h.expect(same, label + ": unscaled values identical", "some bucket differs");
+  }
+
+  // decide_step over 50 steps with overflows at random, under four rules. Each step runs as the
+  // trainer's after the all-reduce: begin_step, unscale_and_check_step (a clean or a poisoned
+  // bucket sets found_inf), decide_step, clip_grad_norm. The schedule table has 4 rows; the
+  // runs go past its end (the last row serves), and the first starts before its first row.
+  // Its own seed, so that the coverage checks below do not depend on the cases run before.
+  {
+    Random overflows(20261201);
+    constexpr std::int64_t kRows = 4;
+    Tensor schedule({kRows, kernels::kScheduleColumns}, DType::f64);
+    for (std::int64_t k = 0; k < kRows; ++k) {
+      double* row = schedule.data<double>() + k * kernels::kScheduleColumns;
+      row[kernels::kScheduleLr] = 0.1 / static_cast<double>(k + 3);
+      row[kernels::kScheduleBias1] = 1 - std::pow(0.9, static_cast<double>(k + 1));
+      row[kernels::kScheduleBias2] = 1 - std::pow(0.999, static_cast<double>(k + 1));
+    }
+    const Tensor scheduled = dev(schedule);
+    kernels::ScaleRule dynamic;
+    dynamic.growth_interval = 3;
+    dynamic.hysteresis = 2;
+    kernels::ScaleRule odd = dynamic;  // factors whose products round, and a reachable max_scale
+    odd.growth_factor = 1.5;
+    odd.backoff_factor = 0.3;
+    odd.min_scale = 0.75;
+    odd.max_scale = 100;
+    odd.hysteresis = 1;
+    kernels::ScaleRule fixed;
+    fixed.dynamic = false;
+    kernels::ScaleRule failing = dynamic;
+    failing.fail_at_min_scale = true;
+    struct Run {
+      const char* name;
+      kernels::ScaleRule rule;
+      double init_scale;
+      double applied_steps;  // applied_at_start is 10
+      unsigned overflow_percent;
+    };
+    const Run runs[] = {
+        {"dynamic, growth_interval 3, hysteresis 2", dynamic, 65536, 9, 30},
+        {"dynamic, factors 1.5 and 0.3, scale in [0.75, 100]", odd, 80, 10, 25},
+        {"static", fixed, 1024, 10, 30},
+        {"fail_at_min_scale, min_scale 1", failing, 4, 10, 60},
+    };
+    for (const Run& run : runs) {
+      StepState init;
+      init.scale = run.init_scale;
+      init.hysteresis_tracker = static_cast<double>(run.rule.hysteresis);
+      init.applied_steps = run.applied_steps;
+      init.applied_at_start = 10;
+      StatePair state(init);
+      std::string first_difference;
+      double low = run.init_scale, high = run.init_scale;
+      for (int step = 0; step < 50; ++step) {
+        kernels::begin_step(state.host);
+        kernels::begin_step(state.device);
+        constexpr std::int64_t n = 513;
+        Tensor bucket = overflows.tensor({n}, DType::f16, -100.f, 100.f);
+        if (overflows.next() % 100 < run.overflow_percent)
+          set_element(bucket, static_cast<std::int64_t>(overflows.next() % n),
+                      step % 2 ? kInf : kNaN);
+        std::vector<Tensor> in{bucket}, out{Tensor({n}, DType::f32)}, ind{dev(bucket)},
+            outd{Tensor({n}, DType::f32, Device::cuda)};
+        kernels::unscale_and_check_step(in, out, state.host);
+        kernels::unscale_and_check_step(ind, outd, state.device);
+        kernels::decide_step(state.host, run.rule, schedule);
+        kernels::decide_step(state.device, run.rule, scheduled);
+        kernels::clip_grad_norm(out[0], state.host, 0.5);
+        kernels::clip_grad_norm(outd[0], state.device, 0.5);
+        const StepState want = kernels::read_step_state(state.host);
+        const std::string differ =
+            state_differences(kernels::read_step_state(state.device), want, {1e-12, 0});
+        if (!differ.empty() && first_difference.empty())
+          first_difference = "step " + std::to_string(step) + ":" + differ;
+        low = std::min(low, want.scale);
+        high = std::max(high, want.scale);
+      }
+      h.expect(first_difference.empty(), std::string("decide_step, 50 steps [") + run.name + "]",
+               first_difference);
+      // The run covers what it is for: skips, updates past the table's end, and its rule's
+      // scale moves (or none), seen in the host's trajectory.
+      const StepState end = kernels::read_step_state(state.host);
+      bool covered = end.skipped_steps > 0 && end.applied_steps - end.applied_at_start >= kRows;
+      if (run.rule.dynamic) covered = covered && low < run.init_scale && high > low;
+      if (!run.rule.dynamic) covered = covered && low == high;
+      if (run.rule.fail_at_min_scale) covered = covered && end.failed_at_min_scale == 1;
+      if (run.rule.max_scale == odd.max_scale)
+        covered = covered && high == odd.max_scale && low == odd.min_scale;
+      char detail[200];
+      std::snprintf(detail, sizeof detail,
+                    "skipped %g, applied %g, scale in [%g, %g], failed_at_min_scale %d",
+                    end.skipped_steps, end.applied_steps - end.applied_at_start, low, high,
+                    end.failed_at_min_scale);
+      h.expect(covered, std::string("decide_step [") + run.name + "] covers its rule", detail);
+    }
+  }
+
+  // clip_grad_norm: the sum of squares into the state and, above MAX_NORM (0: none), the
+  // scaling by float(factor), which may round differently by one ulp when the sums differ; a
+  // skipped step touches neither the gradients nor the state.
+  for (std::int32_t skip : {0, 1})
+    for (double max_norm : {0.0, 10.0, 1e4}) {
+      StepState init;
+      init.skip = skip;
+      StatePair state(init);
+      Tensor g = rng.tensor({kN}, DType::f32);  // norm about 182.6
+      Tensor gd = dev(g);
+      const Tensor original = g.to(Device::cpu);
+      kernels::clip_grad_norm(g, state.host, max_norm);
+      kernels::clip_grad_norm(gd, state.device, max_norm);
+      const std::string label =
+          "clip_grad_norm max_norm=" + std::to_string(max_norm) + (skip ? " (skipped)" : "");
+      h.expect_close(label + ": grads", gd, g, {1e-6, 0});
+      if (skip || max_norm != 10.0) h.expect_same_bytes(label + ": grads unchanged", gd, original);
+      expect_same_state(h, label + ": state", state.device, state.host);
+    }
+  {
+    StatePair state{StepState{}};
+    Tensor empty({0}, DType::f32), emptyd({0}, DType::f32, Device::cuda);
+    kernels::clip_grad_norm(empty, state.host, 1.0);
+    kernels::clip_grad_norm(emptyd, state.device, 1.0);
+    expect_same_state(h, "clip_grad_norm on no elements", state.device, state.host);
+  }
+}
+
 void case_sgd(Harness& h, Random& rng) {
   struct Setting {
     float momentum;
@@ -436,6 +773,36 @@ void case_sgd(Harness& h, Random& rng) {
       h.expect_close(label + ": widened", wd, w, {s.recast == DType::f16 ? 1e-3 : 8e-3, 1e-7});
     }
   }
+  // With a control state: its lr (0.03 in double) and first-step flag (applied_steps == 1) replace
+  // the arguments, which are wrong on purpose here; a skipped step writes nothing at all.
+  for (std::int32_t skip : {0, 1})
+    for (double applied : {1.0, 4.0}) {
+      const std::string label = std::string("sgd_update with control, applied_steps=") +
+                                (applied == 1.0 ? "1" : "4") + (skip ? ", skipped" : "");
+      kernels::StepState control;
+      control.skip = skip;
+      control.lr = 0.03;
+      control.applied_steps = applied;
+      const Tensor c = kernels::step_state_tensor(control, Device::cpu);
+      const Tensor cd = kernels::step_state_tensor(control, Device::cuda);
+      Tensor p = rng.tensor({kN}, DType::f32), g = rng.tensor({kN}, DType::f32),
+             buf = rng.tensor({kN}, DType::f32);
+      const Tensor p0 = p.to(Device::cpu), buf0 = buf.to(Device::cpu);
+      Tensor pd = dev(p), gd = dev(g), bufd = dev(buf);
+      Tensor r({kN}, DType::f16), w({kN}, DType::f32);
+      Tensor rd({kN}, DType::f16, Device::cuda), wd({kN}, DType::f32, Device::cuda);
+      kernels::sgd_update(p, g, buf, 1.f, 0.9f, 1e-4f, false, applied != 1.0, &r, &w, &c);
+      kernels::sgd_update(pd, gd, bufd, 1.f, 0.9f, 1e-4f, false, applied != 1.0, &rd, &wd, &cd);
+      h.expect_close(label + ": params", pd, p, kF32Elementwise);
+      h.expect_close(label + ": buffer", bufd, buf, kF32Elementwise);
+      h.expect_close(label + ": working copy", rd, r, {1e-3, 1e-7});
+      h.expect_close(label + ": widened", wd, w, {1e-3, 1e-7});
+      if (skip) {
+        h.expect_same_bytes(label + ": params untouched", pd, p0);
+        h.expect_same_bytes(label + ": buffer untouched", bufd, buf0);
+        h.expect_same_bytes(label + ": working copy untouched", rd, Tensor({kN}, DType::f16));
+      }
+    }
 }
 
 void case_adamw(Harness& h, Random& rng) {
@@ -461,6 +828,40 @@ void case_adamw(Harness& h, Random& rng) {
     h.expect_close(label + ": exp_avg", md, m, kF32Elementwise);
     h.expect_close(label + ": exp_avg_sq", vd, v, kF32Elementwise);
     if (masked) h.expect_close(label + ": working copy", rd, r, {8e-3, 1e-7});
+  }
+  // With a control state: its lr (1e-3 in double) and bias corrections (of step 3) replace
+  // STEP's, which are wrong on purpose here; a skipped step writes nothing at all.
+  for (std::int32_t skip : {0, 1}) {
+    const std::string label = std::string("adamw_update with control") + (skip ? ", skipped" : "");
+    kernels::StepState control;
+    control.skip = skip;
+    control.lr = 1e-3;
+    control.bias_correction1 = 1 - std::pow(0.9, 3);
+    control.bias_correction2 = 1 - std::pow(0.999, 3);
+    const Tensor c = kernels::step_state_tensor(control, Device::cpu);
+    const Tensor cd = kernels::step_state_tensor(control, Device::cuda);
+    Tensor p = rng.tensor({kN}, DType::f32), g = rng.tensor({kN}, DType::f32);
+    Tensor m = rng.tensor({kN}, DType::f32, -0.1f, 0.1f),
+           v = rng.tensor({kN}, DType::f32, 0.f, 0.01f);
+    const Tensor p0 = p.to(Device::cpu), m0 = m.to(Device::cpu), v0 = v.to(Device::cpu);
+    Tensor pd = dev(p), gd = dev(g), md = dev(m), vd = dev(v);
+    kernels::AdamwStep step;
+    step.lr = 0.5f;
+    step.weight_decay = 0.01f;
+    Tensor r({kN}, DType::bf16), w({kN}, DType::f32);
+    Tensor rd({kN}, DType::bf16, Device::cuda), wd({kN}, DType::f32, Device::cuda);
+    kernels::adamw_update(p, g, m, v, nullptr, step, &r, &w, &c);
+    kernels::adamw_update(pd, gd, md, vd, nullptr, step, &rd, &wd, &cd);
+    h.expect_close(label + ": params", pd, p, kF32Transcendental);
+    h.expect_close(label + ": exp_avg", md, m, kF32Elementwise);
+    h.expect_close(label + ": exp_avg_sq", vd, v, kF32Elementwise);
+    h.expect_close(label + ": working copy", rd, r, {8e-3, 1e-7});
+    if (skip) {
+      h.expect_same_bytes(label + ": params untouched", pd, p0);
+      h.expect_same_bytes(label + ": exp_avg untouched", md, m0);
+      h.expect_same_bytes(label + ": exp_avg_sq untouched", vd, v0);
+      h.expect_same_bytes(label + ": working copy untouched", rd, Tensor({kN}, DType::bf16));
+    }
   }
 }
 

@@ -41,6 +41,7 @@ void case_relu(Harness&, Random&);
 void case_scale(Harness&, Random&);
 void case_sgd(Harness&, Random&);
 void case_softmax_xent(Harness&, Random&);
+void case_step_state(Harness&, Random&);
 void case_transpose(Harness&, Random&);
 void case_unscale_check(Harness&, Random&);
 // The cuDNN parts of case_conv2d and case_pool2d (kernels::cuda::CudnnConv2d, CudnnPool2d;
@@ -70,6 +71,9 @@ inline constexpr KernelCase kKernelCases[] = {
     {"scale.hpp", "scale_inplace", CaseStatus::cuda, case_scale},
     {"sgd.hpp", "sgd_update", CaseStatus::cuda, case_sgd},
     {"softmax_xent.hpp", "softmax_xent_forward(_backward)", CaseStatus::cuda, case_softmax_xent},
+    {"step_state.hpp",
+     "begin_step, softmax_xent_step, poison, unscale_and_check_step, decide_step, clip_grad_norm",
+     CaseStatus::cuda, case_step_state},
     {"transpose.hpp", "transpose_columns", CaseStatus::cuda, case_transpose},
     {"unscale_check.hpp", "unscale_and_check", CaseStatus::cuda, case_unscale_check},
 };
