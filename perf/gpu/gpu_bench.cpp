@@ -31,6 +31,7 @@
 #include "kernels/relu.hpp"
 #include "kernels/sgd.hpp"
 #include "kernels/softmax_xent.hpp"
+#include "kernels/step_state.hpp"
 #include "kernels/unscale_check.hpp"
 #include "nn/nn.hpp"
 #include "optim/optim.hpp"
@@ -193,8 +194,9 @@ double bench_mlp(DType dtype, std::int64_t batch, int steps, int warmup) {
 
 // The model NAME (the mlp by default) as the real nn::Model on Device::cuda:
 // Model::forward/backward, the loss, the unscale of the 16-bit gradients into the FP32 master
-// gradients (fp16: loss scale 1024 and the overflow check; bf16: scale 1), and optim::Sgd with
-// the fused recast, as the trainer steps. Dense layers feed 16-bit activations and weights
+// gradients (fp16: dynamic loss scale from 1024 and the overflow check; bf16: scale 1), the
+// skip decision and optim::Sgd with the fused recast, as the trainer steps: every decision on
+// the device, no host synchronisation inside the step. Dense layers feed 16-bit activations and weights
 // straight to cuBLASLt.
 double bench_model(const std::string& name, DType dtype, std::int64_t batch, int steps,
                    int warmup) {
@@ -215,16 +217,25 @@ double bench_model(const std::string& name, DType dtype, std::int64_t batch, int
     labels.push_back(y.to(Device::cuda));
   }
   Tensor dlogits({batch, 10}, DType::f32, Device::cuda);
-  const float loss_scale = dtype == DType::f16 ? 1024.f : 1.f;
+  // The step's decisions on the device, as the trainer makes them (kernels/step_state.hpp):
+  // fp16 starts at a loss scale of 1024 under the dynamic rule; no host synchronisation.
+  k::StepState init;
+  init.scale = dtype == DType::f16 ? 1024.0 : 1.0;
+  Tensor state = k::step_state_tensor(init, Device::cuda);
+  k::ScaleRule rule;
+  rule.dynamic = dtype == DType::f16;
+  const optim::Schedule constant(optim::ScheduleOptions{}, options.lr, 1);
+  const Tensor table = optim::schedule_table(constant, 0, 0, 1, 0.f, 0.f, Device::cuda);
   std::vector<Tensor> grads{model.grads()}, master_grads{model.master_grads()};
   const auto step = [&](int i) {
+    k::begin_step(state);
     const Tensor& logits = model.forward(inputs[static_cast<std::size_t>(i % 8)], true);
-    k::softmax_xent_forward_backward(logits, labels[static_cast<std::size_t>(i % 8)], dlogits,
-                                     loss_scale / static_cast<float>(batch));
+    k::softmax_xent_step(logits, labels[static_cast<std::size_t>(i % 8)], dlogits,
+                         1.f / static_cast<float>(batch), state);
     model.backward(dlogits);
-    bool finite = true;
-    if (half) finite = k::unscale_and_check(grads, master_grads, 1.f / loss_scale);
-    if (finite) sgd.step(options.lr);
+    k::unscale_and_check_step(grads, master_grads, state);
+    k::decide_step(state, rule, table);
+    sgd.step(state);
   };
   time_gpu(warmup, step);
   const double seconds = time_gpu(steps, [&](int i) { step(i + warmup); });

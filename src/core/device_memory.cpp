@@ -3,6 +3,7 @@
 #include "core/device_memory.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -190,6 +191,43 @@ void CopyQueue::finish() {
   MPT_CHECK_CUDA_RT(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
 }
 
+Readback::Readback(std::size_t bytes) : bytes_(bytes), host_(std::malloc(std::max<std::size_t>(bytes, 1))) {
+  if (!host_) abort_job("Readback: out of host memory");
+}
+
+Readback::~Readback() {
+  // May run after the CUDA runtime shut down: errors are ignored.
+  if (pinned_) cudaFreeHost(host_);
+  else std::free(host_);
+  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
+
+void Readback::start(const void* src, Device src_device) {
+  from_ = src_device;
+  if (src_device == Device::cpu) {
+    std::memcpy(host_, src, bytes_);
+    return;
+  }
+  if (!pinned_) {
+    void* pinned = nullptr;
+    MPT_CHECK_CUDA_RT(cudaHostAlloc(&pinned, std::max<std::size_t>(bytes_, 1), cudaHostAllocPortable));
+    std::free(host_);
+    host_ = pinned;
+    pinned_ = true;
+    cudaEvent_t event = nullptr;
+    MPT_CHECK_CUDA_RT(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    event_ = event;
+  }
+  // The compute stream is the legacy default stream (kernels/cuda/common.cuh).
+  MPT_CHECK_CUDA_RT(cudaMemcpyAsync(host_, src, bytes_, cudaMemcpyDeviceToHost, nullptr));
+  MPT_CHECK_CUDA_RT(cudaEventRecord(static_cast<cudaEvent_t>(event_), nullptr));
+}
+
+const void* Readback::wait() {
+  if (from_ != Device::cpu) MPT_CHECK_CUDA_RT(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
+  return host_;
+}
+
 #else  // !MPTRAIN_HAVE_CUDA
 
 namespace {
@@ -224,6 +262,15 @@ CopyQueue::~CopyQueue() = default;
 void CopyQueue::wait(const ComputeMark&) {}
 void CopyQueue::to_device(void*, const void*, std::size_t) {}
 void CopyQueue::finish() {}
+Readback::Readback(std::size_t bytes) : bytes_(bytes), host_(std::malloc(std::max<std::size_t>(bytes, 1))) {
+  if (!host_) abort_job("Readback: out of host memory");
+}
+Readback::~Readback() { std::free(host_); }
+void Readback::start(const void* src, Device src_device) {
+  if (src_device != Device::cpu) no_cuda("read back from the cuda device");
+  std::memcpy(host_, src, bytes_);
+}
+const void* Readback::wait() { return host_; }
 
 #endif
 

@@ -75,6 +75,28 @@ class CopyQueue {
   int device_ = 0;
 };
 
+// A small result read back without stalling the device (the training step's state): start()
+// queues a copy of BYTES into page-locked host memory on the compute stream, after the work
+// launched so far, and records an event after it; wait() blocks only until that copy landed.
+// From a host source, start() copies at once. A cuda source aborts in a build without CUDA.
+class Readback {
+ public:
+  explicit Readback(std::size_t bytes);
+  ~Readback();
+  Readback(const Readback&) = delete;
+  Readback& operator=(const Readback&) = delete;
+  void start(const void* src, Device src_device);
+  // The bytes of the last start(), once they are there.
+  const void* wait();
+
+ private:
+  std::size_t bytes_;
+  Device from_ = Device::cpu;
+  void* host_ = nullptr;   // BYTES: malloc'ed, or cudaHostAlloc'ed on the first cuda start()
+  bool pinned_ = false;
+  void* event_ = nullptr;  // cudaEvent_t
+};
+
 // Copies BYTES between any two devices; synchronous with respect to the host.
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
 // Waits for all work queued on the current cuda device (no-op without CUDA).

@@ -34,6 +34,7 @@
 #include "kernels/copy.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/softmax_xent.hpp"
+#include "kernels/step_state.hpp"
 #include "kernels/unscale_check.hpp"
 #include "nn/nn.hpp"
 #include "optim/optim.hpp"
@@ -41,6 +42,7 @@
 #include "train/evaluate.hpp"
 #include "train/output_files.hpp"
 #include "train/progress.hpp"
+#include "train/step_reports.hpp"
 #include "train/tensorboard.hpp"
 #include "train/timeline.hpp"
 #include "train/train.hpp"
@@ -1136,6 +1138,33 @@ TrainSummary Trainer::run() {
   const bool skip_nonfinite_loss = config.amp.on_nonfinite_loss == "skip";
   double lr = schedule.lr(optimizer->steps() + schedule_offset);  // of the last applied update, as logged
   double grad_norm = -1;       // the pre-clip norm of the last applied update (-1: not computed)
+
+  // The step's decisions are kernels over a state on the model's device (kernels/step_state.hpp):
+  // the loss scale, the skip verdict, the update's lr and bias corrections. The host reads each
+  // step's state back LAG steps late (1 on cuda, 0 on the host), so the device never waits for
+  // it; with a lag the per-micro-batch loss is not known on the host in time, and a non-finite
+  // loss is handled on the device (its rank poisons its gradients) and reported late.
+  Tensor step_state;
+  {
+    const amp::LossScalerState& scaler_state = scaler.state();
+    kernels::StepState init;
+    init.scale = scaler_state.scale;
+    init.growth_tracker = static_cast<double>(scaler_state.growth_tracker);
+    init.hysteresis_tracker = static_cast<double>(scaler_state.hysteresis_tracker);
+    init.skipped_steps = static_cast<double>(scaler_state.skipped_steps);
+    init.applied_steps = init.applied_at_start = static_cast<double>(optimizer->steps());
+    step_state = kernels::step_state_tensor(init, model->device());
+  }
+  const kernels::ScaleRule scale_rule = amp::scale_rule(scaler.options());
+  const bool adamw = config.optimizer.name == "adamw";
+  const Tensor schedule_table = optim::schedule_table(
+      schedule, schedule_offset, optimizer->steps(),
+      std::max<std::int64_t>(1, total_steps - std::min(resume.step, total_steps)),
+      adamw ? static_cast<float>(config.optimizer.beta1) : 0.f,
+      adamw ? static_cast<float>(config.optimizer.beta2) : 0.f, model->device());
+  StepReports reports(step_state, report_lag(model->device()));
+  // The host reads the loss inside a step only where that is free: lag 0 on the host.
+  const bool deferred = reports.lag() > 0 || model->device() != Device::cpu;
   // Samples this rank's readers left out for non-finite values (--data.on-nonfinite=skip).
   const auto skipped_samples = [&] {
     std::int64_t count = train_reader->skipped_nonfinite();
@@ -1174,6 +1203,7 @@ TrainSummary Trainer::run() {
   const nn::GradsReady launch_buckets = [&](std::int64_t offset) {
     if (accumulating) add_accumulated(offset);
     if (offset == 0 && poison_in_hook) poison(grads);
+    if (offset == 0 && deferred) kernels::poison_if_nonfinite_loss(grads, step_state);
     reducer.ready_from(offset);
     if (fail_in_comm && offset < grads.numel()) {
       fail_in_comm = false;
@@ -1337,6 +1367,52 @@ TrainSummary Trainer::run() {
   // allocations and the device arena's slabs (its cudaMalloc calls) inside steps are counted,
   // reported in summary.json and expected to be zero (tests/app/memory.sh).
   std::int64_t step_allocations = 0, step_slabs = 0;
+  // A step's report, lag steps late: the scaler's state and the optimizer's step count mirrored
+  // on the host (checkpoints, logs), the loss into the window, and what the device decided.
+  const auto take_report = [&](const StepReport& report) {
+    const kernels::StepState& s = report.state;
+    const auto at = static_cast<long long>(report.step);
+    if (s.first_bad_row != ~0ull)  // found by the cuda loss kernel, which cannot stop the job
+      abort_job("kernels::cuda::softmax_xent_step: label " + std::to_string(s.bad_label) +
+                " of row " + std::to_string(s.first_bad_row) + " is outside [0, " +
+                std::to_string(model->num_classes()) + ") at step " + std::to_string(at));
+    amp::LossScalerState mirrored;
+    mirrored.scale = s.scale;
+    mirrored.growth_tracker = static_cast<std::int64_t>(s.growth_tracker);
+    mirrored.hysteresis_tracker = static_cast<std::int64_t>(s.hysteresis_tracker);
+    mirrored.skipped_steps = static_cast<std::int64_t>(s.skipped_steps);
+    scaler.set_state(mirrored);
+    optimizer->set_steps(static_cast<std::int64_t>(s.applied_steps));
+    window[0] += s.loss_sum;
+    window[1] += s.correct;
+    const bool loss_finite = std::isfinite(s.loss_sum);
+    MPT_REQUIRE(s.failed_at_min_scale == 0,
+                "gradients overflow even at the minimum loss scale " + std::to_string(s.scale) +
+                    " (--amp.fail-at-min-scale)",
+                "the model diverged: lower --optimizer.lr, or train in bf16/fp32");
+    if (deferred && !loss_finite) {
+      // Without a lag this was handled in the step itself, with the first non-finite layer.
+      MPT_REQUIRE(skip_nonfinite_loss,
+                  "non-finite loss at step " + std::to_string(at) +
+                      " (seen on the device; the step was skipped. The first non-finite layer "
+                      "is named with MPTRAIN_REPORT_LAG=0 on --device=cpu)",
+                  "lower --optimizer.lr, check the data, or pass --amp.on-nonfinite-loss=skip");
+      progress.clear();
+      std::printf("step %lld: non-finite loss on %s, step skipped\n", at, process_where().c_str());
+    }
+    if (s.skip == 0) {
+      lr = s.lr;  // of the last applied update, as logged
+      if (clip_norm > 0) grad_norm = std::sqrt(s.grad_sumsq);
+    } else if (root) {
+      progress.clear();
+      std::printf("step %lld: gradient overflow%s, loss scale %g -> %g, step skipped (%lld skipped so far)\n",
+                  at, loss_finite ? "" : " or non-finite loss", s.old_scale, s.scale,
+                  static_cast<long long>(s.skipped_steps));
+    }
+  };
+  const auto drain_reports = [&] {
+    while (const auto report = reports.next(/*drain=*/true)) take_report(*report);
+  };
   for (std::int64_t epoch = resume.epoch; epoch < config.loop.epochs && step < total_steps && !stopping; ++epoch) {
     const auto epoch_start = Clock::now();
     const std::int64_t first_step = epoch == resume.epoch ? resume.epoch_step : 0;
@@ -1350,11 +1426,10 @@ TrainSummary Trainer::run() {
       // the update is the mean over every sample of the group on every rank.
       const std::int64_t group = std::min(accumulate, batches_per_epoch - first_batch);
       const float grad_scale = 1.0f / static_cast<float>(global_batch * group);
-      const double loss_scale = scaler.scale();
+      kernels::begin_step(step_state);
       const bool fault_now = state_->fault.rank == world.rank() && state_->fault.step == step + 1;
       const bool inject_nan = fault_now && state_->fault.kind == "nan-grad";
       fail_in_comm = fault_now && state_->fault.kind.rfind("comm-", 0) == 0;
-      bool step_loss_finite = true;
       for (std::int64_t micro = 0; micro < group; ++micro) {
         const bool last_micro = micro + 1 == group;
         const auto wait_start = Clock::now();
@@ -1396,13 +1471,16 @@ TrainSummary Trainer::run() {
         const Tensor& samples = on_cuda ? input.device_samples : input.samples;
         const Tensor& labels = on_cuda ? input.device_labels : input.labels;
         const Tensor& logits = model->forward(samples, /*training=*/true);
-        const auto stats = kernels::softmax_xent_forward_backward(
-            logits, labels, dlogits, grad_scale * static_cast<float>(loss_scale));
+        // dlogits carry the loss scale, read from the step state on its device.
+        kernels::softmax_xent_step(logits, labels, dlogits, grad_scale, step_state);
         const auto backward_start = Clock::now();
         comm::set_phase(comm::Phase::backward);
         window_forward += std::chrono::duration<double>(backward_start - forward_start).count();
-        const bool loss_finite = std::isfinite(stats.loss_sum);
-        step_loss_finite = step_loss_finite && loss_finite;
+        // Known here only without a lag (the state is host memory, read at once): the sum over
+        // the step's micro-batches so far. Deferred, it is taken as finite: backward runs, and
+        // the device poisons a non-finite loss's gradients before the all-reduce.
+        const bool loss_finite =
+            deferred || std::isfinite(kernels::detail::host_step_state("Trainer", step_state).loss_sum);
         // Only the last micro-batch communicates; its buckets go out while backward runs. A rank
         // that must skip the step (a non-finite loss under --amp.on-nonfinite-loss=skip, an
         // injected fault) writes a NaN into its gradients, which the all-reduce carries to every
@@ -1444,6 +1522,7 @@ TrainSummary Trainer::run() {
           // No backward ran on this rank (non-finite loss): nothing is launched yet, so the
           // gradients can still be written; every bucket goes at wait().
           if (accumulating) add_accumulated(0);
+          if (deferred) kernels::poison_if_nonfinite_loss(grads, step_state);
           if (staged) kernels::copy(grads, staged_grads);  // to the host, for the all-reduce
           if (must_poison) poison(reduced_grads);
         }
@@ -1452,9 +1531,7 @@ TrainSummary Trainer::run() {
           timeline->span("forward", Timeline::kTraining, forward_start, backward_start, step + 1);
           timeline->span("backward", Timeline::kTraining, backward_start, Clock::now(), step + 1);
         }
-        window[0] += stats.loss_sum;
-        window[1] += static_cast<double>(stats.correct);
-        window[2] += static_cast<double>(batch);
+        window[2] += static_cast<double>(batch);  // the loss and correct sums: from the reports
         ++micro_step;
       }
       if (fail_in_comm) {  // not injected by the hook (overlap off): after the first bucket
@@ -1485,27 +1562,18 @@ TrainSummary Trainer::run() {
             timeline->span("peer_wait", track, bucket.peer_wait.start, bucket.peer_wait.end, step + 1);
         }
       }
-      const bool loss_finite = step_loss_finite;
       // After the all-reduce every rank holds the same gradients, so every rank reaches the
       // same verdict here and skips (or applies) the same steps with no further collective.
+      // Every decision is a kernel on the gradients' device; the host hears of it in a report.
       Tensor working_grads[1] = {model->grads()};
       Tensor master_grads[1] = {model->master_grads()};
-      const bool finite = kernels::unscale_and_check(working_grads, master_grads,
-                                                     static_cast<float>(1.0 / loss_scale));
-      const auto decision = scaler.update(finite);
-      if (decision.apply_step) {
-        // The masters hold the unscaled, all-reduced gradients: the same norm on every rank.
-        if (clip_norm > 0) grad_norm = optim::clip_by_global_norm(model->master_grads(), clip_norm);
-        // Applied steps only: a skipped step does not advance the schedule.
-        lr = schedule.lr(optimizer->steps() + schedule_offset);
-        optimizer->step(static_cast<float>(lr));  // and, under 16 bits, the recast
-      } else if (root) {
-        progress.clear();
-        std::printf("step %lld: gradient overflow%s, loss scale %g -> %g, step skipped (%lld skipped so far)\n",
-                    static_cast<long long>(step + 1), loss_finite ? "" : " or non-finite loss",
-                    decision.old_scale, decision.new_scale,
-                    static_cast<long long>(scaler.state().skipped_steps));
-      }
+      kernels::unscale_and_check_step(working_grads, master_grads, step_state);
+      kernels::decide_step(step_state, scale_rule, schedule_table);
+      // The masters hold the unscaled, all-reduced gradients: the same norm on every rank.
+      if (clip_norm > 0) kernels::clip_grad_norm(model->master_grads(), step_state, clip_norm);
+      optimizer->step(step_state);  // nothing when skipped; under 16 bits, the recast too
+      reports.record(step + 1);
+      while (const auto report = reports.next(/*drain=*/false)) take_report(*report);
       window_optimizer += seconds_since(optimizer_start);
       if (timeline) timeline->span("optimizer", Timeline::kTraining, optimizer_start, Clock::now(), step + 1);
       train_seconds += seconds_since(step_start);
@@ -1540,13 +1608,16 @@ TrainSummary Trainer::run() {
         summary.stop_reason = decide[0] > 0 ? "signal" : "time-limit";
       }
       const bool epoch_ends = epoch_step + 1 == steps_per_epoch;
-      if (!checkpointing.dir.empty() && step < total_steps &&
+      const bool checkpoint_now =
+          !checkpointing.dir.empty() && step < total_steps &&
           (stopping || decide[1] > 0 ||
-           (checkpointing.every_steps > 0 && step % checkpointing.every_steps == 0)))
-        save_checkpoint(epoch_ends ? epoch + 1 : epoch, epoch_ends ? 0 : epoch_step + 1);
-
+           (checkpointing.every_steps > 0 && step % checkpointing.every_steps == 0));
       const bool log_now = step % config.loop.log_every == 0 || step == total_steps ||
                            epoch_step + 1 == steps_per_epoch || stopping;
+      // A checkpoint and a step line need every step's verdict so far: the last reports first.
+      if (checkpoint_now || log_now) drain_reports();
+      if (checkpoint_now)
+        save_checkpoint(epoch_ends ? epoch + 1 : epoch, epoch_ends ? 0 : epoch_step + 1);
       if (!log_now) continue;
       comm::set_phase(comm::Phase::log);
       window[3] = static_cast<double>(skipped_samples());
@@ -1676,6 +1747,7 @@ TrainSummary Trainer::run() {
   }
 
   comm::set_phase(comm::Phase::finish);
+  drain_reports();  // nothing left after the last step's line; kept for a loop that ends early
   progress.clear();
   prefetcher.stop();
   summary.steps = step;

@@ -53,4 +53,37 @@ timeout 60 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" train --data.train="$TMP/s
 python3 -c "import json,sys; s=json.load(open('$TMP/skip/summary.json')); assert s['skipped_steps'] >= 1, s" &&
   grep -q "non-finite loss on rank" "$TMP/skip.log" && pass "--amp.on-nonfinite-loss=skip logs and skips" ||
   fail "skip mode summary"
+
+# The same with the cuda pipeline's late reports (MPTRAIN_REPORT_LAG=1): the host never reads
+# the loss inside a step, so the device poisons the gradients of a non-finite loss (the step
+# is skipped, the weights kept) and the host reports it a step later: an error naming the
+# step, or the skip line.
+rc=0
+MPTRAIN_REPORT_LAG=1 timeout 60 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" train \
+  --data.train="$TMP/syn/train.h5" --train.precision=fp16 --train.batch-size=16 \
+  --output.dir="$TMP/o-late" >"$TMP/nf-late.out" 2>"$TMP/nf-late.err" || rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] &&
+    grep -q "mptrain: error: \[rank [01] on .*non-finite loss at step [0-9]* (seen on the device; the step was skipped" "$TMP/nf-late.err"; then
+  pass "late reports: a non-finite loss is an error: $(grep '^mptrain: error' "$TMP/nf-late.err")"
+else
+  fail "late reports: non-finite loss error (exit $rc)"; cat "$TMP/nf-late.err" >&2
+fi
+MPTRAIN_REPORT_LAG=1 timeout 60 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" train \
+  --data.train="$TMP/syn/train.h5" --train.precision=fp16 --train.batch-size=16 \
+  --amp.on-nonfinite-loss=skip --output.dir="$TMP/skip-late" >"$TMP/skip-late.log" 2>&1 ||
+  fail "late reports: skip mode exited non-zero"
+python3 - "$TMP/skip" "$TMP/skip-late" <<'PYEOF' && grep -q "non-finite loss on rank" "$TMP/skip-late.log" &&
+import json, sys
+now, late = (json.load(open(d + "/summary.json")) for d in sys.argv[1:])
+for k in ("skipped_steps", "final_train_loss", "loss_scale", "steps"):
+    assert now[k] == late[k], (k, now[k], late[k])
+assert late["skipped_steps"] >= 1, late
+PYEOF
+  pass "late reports: --amp.on-nonfinite-loss=skip skips the same steps as lag 0" ||
+  fail "late reports: skip mode differs from lag 0"
+rc=0
+MPTRAIN_REPORT_LAG=x timeout 60 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" train \
+  --data.train="$TMP/syn/train.h5" --output.dir="$TMP/badlag" >"$TMP/badlag.log" 2>&1 || rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "MPTRAIN_REPORT_LAG is 'x'" "$TMP/badlag.log" &&
+  pass "a bad MPTRAIN_REPORT_LAG is one error line" || { fail "bad MPTRAIN_REPORT_LAG (exit $rc)"; cat "$TMP/badlag.log" >&2; }
 finish

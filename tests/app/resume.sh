@@ -111,6 +111,66 @@ else
   fail "async/keep: kept '$kept'"; cat "$TMP/bit-fp32-async/second/log" >&2
 fi
 
+# ---- the step's state read back late --------------------------------------------------------
+# The cuda pipeline on the host (src/train/step_reports.hpp): with MPTRAIN_REPORT_LAG=2 the
+# host reads each step's verdict two steps late and never the loss inside a step. It must train
+# bit for bit as lag 0 does: fp16 AdamW with clipping, accumulation, warmup and a loss scale
+# that starts far too high (overflow skips, hysteresis, backoff, growth), and SGD with
+# Nesterov in bf16; the second is also stopped and resumed under the lag.
+lag_case() {  # lag_case NAME STOP_RANK STOP_STEP TOTAL ARGS...
+  local name=$1 rank=$2 stop=$3 total=$4; shift 4
+  local w="$TMP/lag-$name" args
+  args=(--train.max-steps="$total" --train.epochs=9 "$@")
+  # A step line drains the reports: log every 5 steps, so that the lag is a lag between them.
+  local COMMON=("${COMMON[@]/--train.log-every=1/--train.log-every=5}")
+  if ! train 2 "$w/now" "${args[@]}" --checkpoint.dir="$w/ckpt-now" ||
+      ! MPTRAIN_REPORT_LAG=2 train 2 "$w/late" "${args[@]}" --checkpoint.dir="$w/ckpt-late"; then
+    fail "$name: a run failed"; cat "$w/now/log" "$w/late/log" >&2; return
+  fi
+  local records
+  if ! records=$($PY - "$w/now" "$w/late" <<'PY'
+import json, sys
+def load(d):
+    keep = ("step", "loss", "train_accuracy", "lr", "loss_scale", "skipped_steps", "grad_norm")
+    return [{k: r.get(k) for k in keep} for r in map(json.loads, open(d + "/metrics.jsonl"))
+            if "loss" in r and "test_loss" not in r]
+now, late = load(sys.argv[1]), load(sys.argv[2])
+assert now == late and len(now) >= 3, (now, late)
+s = [json.load(open(d + "/summary.json")) for d in sys.argv[1:]]
+for k in ("steps", "final_train_loss", "loss_scale", "skipped_steps", "test_loss", "test_accuracy"):
+    assert s[0][k] == s[1][k], (k, s[0][k], s[1][k])
+print(len(now), "step records,", s[0]["skipped_steps"], "skipped steps")
+PY
+  ); then
+    fail "$name: the step records differ with the lag"; return
+  fi
+  if ! cmp -s <(grep "gradient overflow" "$w/now/log") <(grep "gradient overflow" "$w/late/log"); then
+    fail "$name: the overflow lines differ"; diff <(grep overflow "$w/now/log") <(grep overflow "$w/late/log") >&2
+    return
+  fi
+  if ! same_state "$w/ckpt-now/ckpt-$total.h5" "$w/ckpt-late/ckpt-$total.h5" >"$w/same.log" 2>&1; then
+    fail "$name: the final checkpoints differ with the lag"; cat "$w/same.log" >&2; return
+  fi
+  if [ "$stop" -gt 0 ]; then
+    if ! MPTRAIN_REPORT_LAG=2 MPTRAIN_FAULT="stop-signal:$rank:$stop" train 2 "$w/first" "${args[@]}"           --checkpoint.dir="$w/ckpt" ||
+        ! MPTRAIN_REPORT_LAG=2 train 2 "$w/second" "${args[@]}" --checkpoint.dir="$w/ckpt" --resume=auto ||
+        ! same_state "$w/ckpt-now/ckpt-$total.h5" "$w/ckpt/ckpt-$total.h5" >"$w/same-split.log" 2>&1; then
+      fail "$name: stopped at $stop and resumed under the lag, the final state differs"
+      cat "$w/first/log" "$w/second/log" "$w/same-split.log" >&2; return
+    fi
+  fi
+  pass "$name: lag 2 trains as lag 0 ($records, $(grep -c "gradient overflow" "$w/now/log") overflow lines; $(cat "$w/same.log"))"
+}
+lag_case fp16-adamw-clip 0 0 20 --train.precision=fp16 --optimizer.name=adamw --optimizer.lr=0.002 \
+  --optimizer.clip-norm=0.5 --train.accumulate=2 --schedule.name=cosine --schedule.warmup-steps=4 \
+  --amp.init-scale=1e12 --amp.max-scale=1e12 --amp.backoff-factor=0.01 --amp.hysteresis=2 \
+  --amp.growth-interval=3
+if [ "$(grep -c "gradient overflow" "$TMP/lag-fp16-adamw-clip/late/log" || true)" -lt 2 ]; then
+  fail "fp16-adamw-clip: expected overflow skips from a loss scale of 1e12"
+fi
+lag_case bf16-sgd-resume 1 9 16 --train.precision=bf16 --optimizer.momentum=0.9 --optimizer.nesterov \
+  --schedule.name=step --schedule.step-size=5 --optimizer.lr=0.05
+
 # ---- timed stops and checkpoints ----------------------------------------------------------------
 timed_case() {  # timed_case NAME EXPECTED_LINE ARGS... (a slow run: 30 ms per batch read)
   local name=$1 expected=$2 w="$TMP/timed-$1"; shift 2
