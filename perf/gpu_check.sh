@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-shot GPU check for a bare GPU machine (issue #8): configure, build, run tests/gpu and
-# perf/gpu/gpu_bench (the mlp, then the cnn with cuDNN and with im2col convolutions), run the
+# perf/gpu/gpu_bench (the mlp, then the cnn with cuDNN and with im2col convolutions, then both
+# with each step replayed as one CUDA graph), run the
 # same models in PyTorch AMP (perf/pytorch_gpu.py) and a PyTorch GEMM peer, and print a table
 # of mptrain/PyTorch ratios
 # (also to $OUT/gpu_check.txt when $OUT is set). Needs: the CUDA toolkit (nvcc), CMake >= 3.25,
@@ -96,7 +97,7 @@ if [[ -n $gpu_name ]] && grep -q "SKIPPED: no CUDA device" "$build/ctest.log"; t
   ctest_rc=1
 fi
 
-stage "gpu_bench (steps $steps, batch $batch)"
+stage "gpu_bench (steps $steps, batch $batch; then --graphs)"
 timeout 240 "$build/perf/gpu/gpu_bench" --steps "$steps" --batch "$batch" | tee "$build/gpu_bench.log"
 # The cnn as nn::Model (no kernel-level step, no GEMMs); its own runs, so that a failure of the
 # conv, pooling or BN device paths leaves the mlp figures above intact: convolutions through
@@ -104,6 +105,17 @@ timeout 240 "$build/perf/gpu/gpu_bench" --steps "$steps" --batch "$batch" | tee 
 for conv in cudnn im2col; do
   timeout 150 "$build/perf/gpu/gpu_bench" --model cnn --conv "$conv" --no-gemm --steps "$steps" \
     --batch "$batch" | tee -a "$build/gpu_bench.log"
+done
+# The same nn::Model steps captured as one CUDA graph each and replayed (gpu_bench --graphs,
+# kernels::StepGraph): the mlp in every precision, the cnn (cuDNN convolutions) in fp16 and fp32.
+# Their own log and short timeouts: a capture that fails leaves the eager figures above intact.
+: > "$build/gpu_bench_graphs.log"
+timeout 45 "$build/perf/gpu/gpu_bench" --model mlp --graphs --no-gemm --steps "$steps" \
+  --batch "$batch" 2>&1 | tee -a "$build/gpu_bench_graphs.log"
+for precision in fp16 fp32; do
+  timeout 45 "$build/perf/gpu/gpu_bench" --model cnn --conv cudnn --graphs --no-gemm \
+    --precision "$precision" --steps "$steps" --batch "$batch" 2>&1 \
+    | tee -a "$build/gpu_bench_graphs.log"
 done
 
 stage "PyTorch peers (perf/pytorch_gpu.py and torch.matmul)"
@@ -146,6 +158,8 @@ if [[ " ${targets[*]} " == *" mptrain "* ]]; then
   timeout 60 "$build/mptrain" prepare synthetic --out "$data" --train-samples 10240 \
     --test-samples 2048 --seed 7 > "$build/trainer-prepare.log" 2>&1 || tail -3 "$build/trainer-prepare.log"
   # resnet-mini: gradient accumulation and sync-BN on the device (20 steps of 2 micro-batches).
+  # The mlp also as cuda+graphs: --cuda.graphs replays each step as one captured CUDA graph
+  # (the mlp has no dropout; accumulate is 1), beside the eager cuda run.
   for model in mlp cnn resnet-mini; do
     extra=()
     train_steps=40
@@ -153,13 +167,18 @@ if [[ " ${targets[*]} " == *" mptrain "* ]]; then
       extra=(--train.accumulate=2 --model.sync-bn=true)
       train_steps=20
     fi
-    for device in cpu cuda; do
+    devices=(cpu cuda)
+    [[ $model == mlp ]] && devices+=(cuda+graphs)
+    for device in "${devices[@]}"; do
       run=$build/trainer-$model-$device
+      graph_flag=()
+      [[ $device == cuda+graphs ]] && graph_flag=(--cuda.graphs)
       rc=0
       timeout 45 mpiexec -n 1 "$build/mptrain" train --data.train="$data/train.h5" \
         --data.test="$data/test.h5" --model.name="$model" --train.max-steps=$train_steps \
-        --train.batch-size=256 --device="$device" --output.dir="$run" --output.overwrite \
-        --output.progress=lines "${extra[@]}" > "$run.log" 2>&1 || rc=$?
+        --train.batch-size=256 --device="${device%+graphs}" --output.dir="$run" \
+        --output.overwrite --output.progress=lines "${extra[@]}" "${graph_flag[@]}" \
+        > "$run.log" 2>&1 || rc=$?
       grep -E "^device:" "$run.log" | head -1
       if [[ $rc -eq 0 && -f $run/summary.json ]]; then
         "$python" - "$run/summary.json" "$model" "$device" <<'PY' 2>&1 | tee -a "$build/trainer.log"
@@ -172,7 +191,7 @@ print(f"trainer model={sys.argv[2]} device={sys.argv[3]} samples_per_s={s['sampl
       f"data_wait_fraction={s.get('data_wait_fraction', -1):.4f}")
 PY
       else
-        echo "trainer model=$model device=$device failed (exit $rc): $(grep -m1 -E 'error' "$run.log")" \
+        echo "trainer model=$model device=$device failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
           | tee -a "$build/trainer.log"
       fi
     done
@@ -183,6 +202,10 @@ PY
       } END {
         if (("cpu" in loss) && ("cuda" in loss) && loss["cpu"] != 0)
           printf "trainer model=%s cuda/cpu final_train_loss ratio=%.4f\n", m, loss["cuda"] / loss["cpu"]
+        # The graph replays the eager step kernel for kernel: the same loss up to the order of
+        # the loss sum.
+        if (("cuda" in loss) && ("cuda+graphs" in loss))
+          printf "trainer model=%s final_train_loss cuda=%s cuda+graphs=%s\n", m, loss["cuda"], loss["cuda+graphs"]
       }' "$build/trainer.log" | tee -a "$build/trainer.log"
   done
 fi
@@ -251,6 +274,21 @@ field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
       echo "| $name${conv:+ (conv $conv)} | $precision | $batch | ${model:-n/a} | ${ours:-n/a} | ${theirs:-n/a} | $ratio_model | $ratio |"
     done
   done
+  # The steps as CUDA graphs (gpu_bench --graphs) against the eager nn::Model rows above.
+  echo
+  echo "| model | precision | batch | graphs samples/s | eager nn::Model samples/s | graphs / eager | PyTorch samples/s | graphs / PyTorch |"
+  echo "|---|---|---|---|---|---|---|---|"
+  for row in mlp::fp32 mlp::fp16 mlp::bf16 cnn:cudnn:fp16 cnn:cudnn:fp32; do
+    IFS=: read -r name conv precision <<< "$row"
+    graphs=$(grep "mptrain-model model=$name precision=$precision " "$build/gpu_bench_graphs.log" 2>/dev/null \
+      | grep -m1 "graphs=on" | field samples_per_s)
+    eager=$(grep "mptrain-model model=$name precision=$precision " "$build/gpu_bench.log" \
+      | grep -m1 -E "${conv:+ conv=$conv( |\$)}" | field samples_per_s)
+    theirs=$(grep "pytorch model=$name precision=$precision " "$build/pytorch.log" | field samples_per_s)
+    ratio_eager=$(awk -v a="$graphs" -v b="$eager" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
+    ratio_torch=$(awk -v a="$graphs" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
+    echo "| $name (graphs)${conv:+ (conv $conv)} | $precision | $batch | ${graphs:-n/a} | ${eager:-n/a} | $ratio_eager | ${theirs:-n/a} | $ratio_torch |"
+  done
   echo
   echo "| GEMM m=n=k | precision | mptrain cuBLASLt TFLOP/s | torch.matmul TFLOP/s | ratio |"
   echo "|---|---|---|---|---|"
@@ -277,7 +315,8 @@ field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
 } | tee "$build/gpu_check.txt"
 if [[ -n ${OUT:-} ]]; then
   cp "$build/gpu_check.txt" "$OUT/gpu_check.txt"
-  cp "$build/ctest.log" "$build/gpu_bench.log" "$build/pytorch.log" "$build/trainer.log" "$OUT/" 2>/dev/null || true
+  cp "$build/ctest.log" "$build/gpu_bench.log" "$build/gpu_bench_graphs.log" "$build/pytorch.log" \
+    "$build/trainer.log" "$OUT/" 2>/dev/null || true
   cp "$build/nccl.log" "$build/nccl-ctest.log" "$OUT/" 2>/dev/null || true
 fi
 exit $(( ctest_rc != 0 ))

@@ -27,9 +27,23 @@ std::string cuda_error_text(cudaError_t status);
 
 // Aborts naming OP when the last launch failed (bad configuration, no device, ...).
 void check_launch(const char* op);
-// The compute stream. The legacy default stream for now, so that the synchronous copies of
-// Tensor::to and the host reads of reduction results are ordered after every kernel.
-inline cudaStream_t stream() { return nullptr; }
+// The compute stream: every kernel, cuBLASLt and cuDNN call of kernels/cuda. One stream per
+// process, made by cudaStreamCreate on the first call, on the device current then (a process
+// drives one device, chosen before its first launch), and never destroyed. Not the legacy
+// default stream, because CUDA graphs (kernels/graph.hpp) cannot capture that one; but a
+// BLOCKING stream, which synchronises implicitly with the legacy stream. So whatever src/ queues
+// on the legacy stream stays ordered after every kernel launched here before it, and before
+// every kernel launched after it: the synchronous cudaMemcpy and cudaMemset of
+// core/device_memory.cpp (Tensor::to, kernels::copy, Tensor::zero, arena allocation), the
+// host reads of reduction results (read_scratch), ComputeMark's and Readback's events and
+// copies, and the nccl backend's event on cudaStreamLegacy. While a graph is being captured,
+// nothing may touch the legacy stream (any thread): that invalidates the capture.
+// MPTRAIN_CUDA_LEGACY_STREAM=1 in the environment makes it the legacy default stream (nullptr)
+// again, for comparisons; graphs_supported() is then false.
+cudaStream_t stream();
+// True when MPTRAIN_CUDA_LEGACY_STREAM=1 selected the legacy default stream (read once). Needs
+// no device and creates nothing.
+bool legacy_stream_selected();
 
 inline constexpr int kThreads = 256;
 // Blocks for a grid-stride loop over N elements: enough to fill the device, never more than N needs.

@@ -1,4 +1,6 @@
 // Shared pieces of the CUDA kernels (see common.cuh).
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "kernels/cuda/common.cuh"
@@ -7,6 +9,27 @@ namespace mpt::kernels::cuda {
 
 std::string cuda_error_text(cudaError_t status) {
   return std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
+}
+
+bool legacy_stream_selected() {
+  static const bool legacy = [] {
+    const char* value = std::getenv("MPTRAIN_CUDA_LEGACY_STREAM");
+    return value != nullptr && std::strcmp(value, "1") == 0;
+  }();
+  return legacy;
+}
+
+cudaStream_t stream() {
+  // A function-local static: made once, thread-safely, by the first launch of any thread.
+  static const cudaStream_t compute = []() -> cudaStream_t {
+    if (legacy_stream_selected()) return nullptr;
+    cudaStream_t created = nullptr;
+    // cudaStreamCreate, not ...WithFlags(cudaStreamNonBlocking): the implicit order with the
+    // legacy stream is what keeps src/'s synchronous copies and events correct (common.cuh).
+    MPT_CHECK_CUDA(cudaStreamCreate(&created));
+    return created;
+  }();
+  return compute;
 }
 
 void check_launch(const char* op) {

@@ -8,11 +8,16 @@
 //      recast of the 16-bit working copy. Prints one line per precision:
 //        mptrain-kernels model=mlp precision=fp16 batch=256 steps=200 samples_per_s=123.4
 //   3. The same mlp as nn::Model on Device::cuda with optim::Sgd, as the trainer steps it:
-//        mptrain-model model=mlp precision=fp16 batch=256 steps=200 samples_per_s=123.4
+//        mptrain-model model=mlp precision=fp16 batch=256 steps=200 samples_per_s=123.4 graphs=off
 //      With --model cnn (or resnet-mini) that model instead, on 28x28 one-channel samples, and
 //      no kernel-level step (2 exists for the mlp only). --conv cudnn|im2col picks how its conv
 //      layers compute (nn::CudaConvPath; default cudnn), and the line names it:
 //        mptrain-model model=cnn precision=fp16 batch=256 steps=200 samples_per_s=123.4 conv=cudnn
+//          graphs=off
+//      With --graphs the whole step is captured once, after the warm-up steps, as one CUDA
+//      graph (kernels::StepGraph) and the timed steps are its replays (graphs=on); the
+//      kernel-level step (2) is skipped then, since its fp16 overflow check reads a flag on the
+//      host, which a capture cannot contain.
 // perf/gpu_check.sh runs it beside perf/pytorch_gpu.py (the same model in PyTorch AMP).
 #include <cuda_runtime_api.h>
 
@@ -27,6 +32,7 @@
 #include "kernels/bias.hpp"
 #include "kernels/cast.hpp"
 #include "kernels/copy.hpp"
+#include "kernels/graph.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/relu.hpp"
 #include "kernels/sgd.hpp"
@@ -49,7 +55,8 @@ void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) abort_job(std::string("gpu_bench: ") + what + ": " + cudaGetErrorString(status));
 }
 
-// Seconds of GPU time for CALLS calls of BODY, between two events on the default stream.
+// Seconds of GPU time for CALLS calls of BODY, between two events on the legacy default stream,
+// which orders them after and before the work of the (blocking) compute stream.
 template <class Body>
 double time_gpu(int calls, const Body& body) {
   cudaEvent_t start, stop;
@@ -197,9 +204,10 @@ double bench_mlp(DType dtype, std::int64_t batch, int steps, int warmup) {
 // gradients (fp16: dynamic loss scale from 1024 and the overflow check; bf16: scale 1), the
 // skip decision and optim::Sgd with the fused recast, as the trainer steps: every decision on
 // the device, no host synchronisation inside the step. Dense layers feed 16-bit activations and weights
-// straight to cuBLASLt.
+// straight to cuBLASLt. With GRAPHS the step after the warm-up is captured as one StepGraph and
+// the timed steps replay it.
 double bench_model(const std::string& name, DType dtype, std::int64_t batch, int steps,
-                   int warmup) {
+                   int warmup, bool graphs) {
   nn::Model model = nn::Model::build(name, {1, 28, 28}, 10, dtype, Device::cuda);
   model.init_params(42);
   model.plan(batch);
@@ -238,14 +246,25 @@ double bench_model(const std::string& name, DType dtype, std::int64_t batch, int
     sgd.step(state);
   };
   time_gpu(warmup, step);
-  const double seconds = time_gpu(steps, [&](int i) { step(i + warmup); });
+  double seconds = 0;
+  if (graphs) {
+    // A graph replays fixed buffers, so every replay trains on the same ring slot (the trainer
+    // copies each batch into fixed buffers first; here the data does not change the work). The
+    // capture comes after the warm-up, which made the plans and scratch buffers it must not
+    // allocate. Not timed: instantiation is a one-off.
+    k::StepGraph graph("gpu_bench " + name + " step");
+    graph.capture([&] { step(warmup); });
+    seconds = time_gpu(steps, [&](int) { graph.replay(); });
+  } else {
+    seconds = time_gpu(steps, [&](int i) { step(i + warmup); });
+  }
   return static_cast<double>(batch) * steps / seconds;
 }
 
 int run(int argc, char** argv) {
   int steps = 200, warmup = 20;
   std::int64_t batch = 256;
-  bool gemm = true;
+  bool gemm = true, graphs = false;
   std::string model = "mlp";
   nn::CudaConvPath conv = nn::cuda_conv_path();
   std::vector<DType> precisions{DType::f32, DType::f16, DType::bf16};
@@ -259,13 +278,16 @@ int run(int argc, char** argv) {
     else if (arg == "--warmup") warmup = std::stoi(value());
     else if (arg == "--batch") batch = std::stoll(value());
     else if (arg == "--no-gemm") gemm = false;
+    else if (arg == "--graphs") graphs = true;
     else if (arg == "--model") model = value();
     else if (arg == "--conv") conv = nn::cuda_conv_path_from_name(value(), "--conv");
     else if (arg == "--precision") precisions = {dtype_from_name(value(), "--precision")};
     else if (arg == "--help") {
       std::printf(
           "usage: gpu_bench [--steps N] [--warmup N] [--batch B] [--precision fp32|fp16|bf16] "
-          "[--model mlp|cnn|resnet-mini] [--conv cudnn|im2col] [--no-gemm]\n");
+          "[--model mlp|cnn|resnet-mini] [--conv cudnn|im2col] [--no-gemm] [--graphs]\n"
+          "  --graphs  capture each nn::Model step as one CUDA graph and time its replays\n"
+          "            (default off; skips the kernel-level mlp step)\n");
       return 0;
     } else {
       throw_user_error("unknown option " + arg, "see gpu_bench --help");
@@ -276,13 +298,23 @@ int run(int argc, char** argv) {
   MPT_REQUIRE(model == "mlp" || model == "cnn" || model == "resnet-mini",
               "--model '" + model + "' is not a model gpu_bench knows",
               "use mlp, cnn or resnet-mini");
+  MPT_REQUIRE(!graphs || model != "resnet-mini", "--graphs with --model resnet-mini",
+              "its BatchNorm layers compute on the host, which a capture cannot contain: use "
+              "mlp or cnn");
+  MPT_REQUIRE(!graphs || warmup >= 1, "--graphs with --warmup 0",
+              "the capture needs an eager step first (plans, scratch buffers): --warmup 1 or more");
+  MPT_REQUIRE(!graphs || k::graphs_supported(),
+              "--graphs: the compute stream is the legacy default stream "
+              "(MPTRAIN_CUDA_LEGACY_STREAM=1), which CUDA graphs cannot capture",
+              "unset MPTRAIN_CUDA_LEGACY_STREAM, or drop --graphs");
   if (device_memory::cuda_device_count() == 0) {
     std::printf("gpu_bench: SKIPPED: no CUDA device (%s)\n", device_memory::cuda_device_description().c_str());
     return 0;
   }
   std::printf("gpu_bench on %s\n", device_memory::cuda_device_description().c_str());
   if (gemm) bench_gemm();
-  for (DType dtype : model == "mlp" ? precisions : std::vector<DType>{}) {
+  // The kernel-level step reads its fp16 overflow flag on the host: never captured.
+  for (DType dtype : model == "mlp" && !graphs ? precisions : std::vector<DType>{}) {
     const double rate = bench_mlp(dtype, batch, steps, warmup);
     std::printf("mptrain-kernels model=mlp precision=%s batch=%lld steps=%d samples_per_s=%.1f\n",
                 precision_name(dtype), static_cast<long long>(batch), steps, rate);
@@ -294,10 +326,11 @@ int run(int argc, char** argv) {
   const std::string conv_field =
       model == "mlp" ? "" : std::string(" conv=") + nn::cuda_conv_path_name(conv);
   for (DType dtype : precisions) {
-    const double rate = bench_model(model, dtype, batch, steps, warmup);
-    std::printf("mptrain-model model=%s precision=%s batch=%lld steps=%d samples_per_s=%.1f%s\n",
-                model.c_str(), precision_name(dtype), static_cast<long long>(batch), steps, rate,
-                conv_field.c_str());
+    const double rate = bench_model(model, dtype, batch, steps, warmup, graphs);
+    std::printf(
+        "mptrain-model model=%s precision=%s batch=%lld steps=%d samples_per_s=%.1f%s graphs=%s\n",
+        model.c_str(), precision_name(dtype), static_cast<long long>(batch), steps, rate,
+        conv_field.c_str(), graphs ? "on" : "off");
     std::fflush(stdout);
   }
   return 0;

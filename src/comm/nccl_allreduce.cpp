@@ -241,8 +241,9 @@ void NcclBackend::allreduce(void* data, std::int64_t count, DType dtype) {
     abort_job(
         "comm::Allreducer: the nccl backend reduces device memory, and this buffer is "
         "host memory (stage it, or resolve with Device::cuda only for device data)");
-  // The kernels that wrote DATA were queued on the compute stream (the legacy default stream,
-  // kernels/cuda/common.cuh) before this call: the comm stream waits for them, nothing more.
+  // The kernels that wrote DATA were queued on the compute stream before this call. It is a
+  // blocking stream (kernels/cuda/common.cuh), so an event on the legacy stream comes after
+  // them: the comm stream waits for them, nothing more.
   MPT_CHECK_CUDA(cudaEventRecord(compute_done_, cudaStreamLegacy));
   MPT_CHECK_CUDA(cudaStreamWaitEvent(stream_, compute_done_, 0));
   // On the wire: DATA itself when the dtypes agree (scaled in place if prescale != 1), else a

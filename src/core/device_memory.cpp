@@ -157,7 +157,8 @@ void ComputeMark::record() {
     MPT_CHECK_CUDA_RT(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     event_ = event;
   }
-  // The compute stream is the legacy default stream (kernels/cuda/common.cuh).
+  // On the legacy default stream: it comes after every kernel queued before on the blocking
+  // compute stream, and before every later one (kernels/cuda/common.cuh).
   MPT_CHECK_CUDA_RT(cudaEventRecord(static_cast<cudaEvent_t>(event_), nullptr));
 }
 
@@ -218,7 +219,8 @@ void Readback::start(const void* src, Device src_device) {
     MPT_CHECK_CUDA_RT(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     event_ = event;
   }
-  // The compute stream is the legacy default stream (kernels/cuda/common.cuh).
+  // On the legacy default stream: it comes after every kernel queued before on the blocking
+  // compute stream, and before every later one (kernels/cuda/common.cuh).
   MPT_CHECK_CUDA_RT(cudaMemcpyAsync(host_, src, bytes_, cudaMemcpyDeviceToHost, nullptr));
   MPT_CHECK_CUDA_RT(cudaEventRecord(static_cast<cudaEvent_t>(event_), nullptr));
 }

@@ -37,6 +37,9 @@ class BatchNorm final : public Layer {
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
 
   std::int64_t channels() const { return channels_; }
+  std::string graph_blocker() const override {
+    return "BatchNorm computes its per-channel coefficients on the host (synchronous copies)";
+  }
 
  private:
   // The per-channel scratch's layout (f32, one allocation of 13C + 1): sums (2C + 1: the count

@@ -27,6 +27,9 @@ class DropoutLayer final : public Layer {
   // tests and for references that replay the mask.
   kernels::DropoutKey key(const StepContext& context, std::int64_t features) const;
   double rate() const { return rate_; }
+  std::string graph_blocker() const override {
+    return rate_ > 0 ? "dropout's mask key changes every step and is passed in from the host" : "";
+  }
 
  private:
   double rate_;

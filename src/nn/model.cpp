@@ -428,6 +428,12 @@ void Model::backward(const Tensor& dlogits, const GradsReady& grads_ready) {
   }
 }
 
+std::string Model::graph_blocker() const {
+  for (const auto& layer : layers_)
+    if (std::string why = layer->graph_blocker(); !why.empty()) return layer->name() + ": " + why;
+  return "";
+}
+
 std::string Model::first_nonfinite_layer(const Tensor& x) {
   forward(x, /*training=*/false);  // checks X and plans the views for its batch
   if (!kernels::all_finite(x)) return "input";

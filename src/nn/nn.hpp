@@ -162,6 +162,11 @@ class Layer {
   };
   virtual std::vector<Row> child_rows() const { return {}; }
 
+  // Why this layer's training step cannot be captured in a CUDA graph (kernels/graph.hpp:
+  // every step must launch the same work, read per-step values from the device and never wait
+  // for the host), or "" when it can.
+  virtual std::string graph_blocker() const { return ""; }
+
   // Y = layer(X) for a batch. TRAINING selects batch statistics (BN) and masks (dropout).
   virtual void forward(const Tensor& x, Tensor& y, bool training) = 0;
   // From DY = dLoss/dY (and X, Y of the last forward), overwrites the parameter gradients and,
@@ -250,6 +255,9 @@ class Model {
   // first layer whose activations hold an Inf or NaN: "input" when X itself does, "" when none.
   // For the error message of a non-finite loss. Replaces the last forward's activations.
   std::string first_nonfinite_layer(const Tensor& x);
+  // "LAYER: why" for the first layer whose step cannot be captured in a CUDA graph
+  // (Layer::graph_blocker), or "" when the whole step can.
+  std::string graph_blocker() const;
 
   DType precision() const { return precision_; }
   Device device() const { return device_; }

@@ -55,6 +55,12 @@ double ResBlock::flops_per_sample(const Shape&) const {
   return total;
 }
 
+std::string ResBlock::graph_blocker() const {
+  for (const auto& child : children_)
+    if (std::string why = child->graph_blocker(); !why.empty()) return child->name() + ": " + why;
+  return "";
+}
+
 std::vector<Layer::Row> ResBlock::child_rows() const {
   std::vector<Row> rows;
   const auto params_of = [](const Layer& layer) {

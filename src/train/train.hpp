@@ -111,6 +111,9 @@ struct RunConfig {
   // auto | cpu | cuda (--device). auto: cuda where every rank sees a CUDA device and the trainer
   // runs there, else cpu. Resolved by the Trainer's agreed setup; cpu for a library caller.
   std::string device = "cpu";
+  // --cuda.graphs: on cuda, capture forward+loss+backward and the optimizer's part of the step
+  // as two CUDA graphs after the first step, and replay them (kernels/graph.hpp).
+  bool cuda_graphs = false;
   std::string output_dir;
   // Replace an earlier run's files in output_dir and its checkpoints in checkpoint.dir when this
   // run does not continue from a checkpoint; false: such a run is refused (output_files.hpp).

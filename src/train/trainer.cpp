@@ -32,6 +32,7 @@
 #include "kernels/add.hpp"
 #include "kernels/cast.hpp"
 #include "kernels/copy.hpp"
+#include "kernels/graph.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/softmax_xent.hpp"
 #include "kernels/step_state.hpp"
@@ -603,6 +604,24 @@ void log_device_map(const std::string& label, const comm::World& world) {
 // to its local rank on the real machine (Topology::device_rank, whatever --comm.ranks-per-node
 // emulates) modulo the devices it sees: one GPU per rank where every rank sees them all, device
 // 0 where Slurm's --gpus-per-task=1 shows each rank only its own. Collective.
+// --cuda.graphs replays the step's kernels as captured (kernels/graph.hpp): refused, naming the
+// reason, where a replay would not be the step (the cpu, accumulation's changing micro-batch
+// work, a layer that waits for the host or changes its work each step).
+void check_graphs(const RunConfig& config, Device device, const nn::Model& model) {
+  MPT_REQUIRE(device == Device::cuda,
+              "--cuda.graphs needs the cuda device, and this run trains on the cpu",
+              "pass --device=cuda on GPU nodes, or leave --cuda.graphs off");
+  MPT_REQUIRE(kernels::graphs_supported(),
+              "--cuda.graphs: the compute stream is the legacy default stream "
+              "(MPTRAIN_CUDA_LEGACY_STREAM is set), which a graph cannot capture",
+              "unset MPTRAIN_CUDA_LEGACY_STREAM, or leave --cuda.graphs off");
+  MPT_REQUIRE(config.loop.accumulate == 1, "--cuda.graphs needs --train.accumulate=1",
+              "leave --cuda.graphs off to accumulate gradients");
+  const std::string blocker = model.graph_blocker();
+  MPT_REQUIRE(blocker.empty(), "--cuda.graphs cannot capture layer " + blocker,
+              "use a model without it (e.g. --model.name=mlp), or leave --cuda.graphs off");
+}
+
 Device select_device(const RunConfig& config, const comm::Topology& topology,
                      const comm::World& world) {
   const std::string& option = config.device;
@@ -916,6 +935,7 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
     // subnormals. The sum is the mean, so no post-scaling either.
     state_->allreduce.prescale = 1;
     state_->allreduce.postscale = 1;
+    if (config.cuda_graphs) check_graphs(config, state_->device, *model);
   });
 }
 
@@ -1163,6 +1183,17 @@ TrainSummary Trainer::run() {
       adamw ? static_cast<float>(config.optimizer.beta1) : 0.f,
       adamw ? static_cast<float>(config.optimizer.beta2) : 0.f, model->device());
   StepReports reports(step_state, report_lag(model->device()));
+  // --cuda.graphs (checked in the setup: cuda, no accumulation, every layer capturable): the
+  // graphs and the fixed batch buffers they read.
+  const bool graphs = config.cuda_graphs;
+  kernels::StepGraph forward_backward_graph("forward+backward"), optimizer_graph("optimizer");
+  Tensor graph_samples, graph_labels;
+  if (graphs) {
+    Shape sample_batch{batch};
+    for (const std::int64_t d : info.sample_shape) sample_batch.push_back(d);
+    graph_samples = Tensor(sample_batch, DType::f32, model->device());
+    graph_labels = Tensor({batch}, DType::i32, model->device());
+  }
   // The host reads the loss inside a step only where that is free: lag 0 on the host.
   const bool deferred = reports.lag() > 0 || model->device() != Device::cpu;
   // Samples this rank's readers left out for non-finite values (--data.on-nonfinite=skip).
@@ -1470,9 +1501,25 @@ TrainSummary Trainer::run() {
         // On cuda the prefetcher's I/O thread has already copied the batch over.
         const Tensor& samples = on_cuda ? input.device_samples : input.samples;
         const Tensor& labels = on_cuda ? input.device_labels : input.labels;
-        const Tensor& logits = model->forward(samples, /*training=*/true);
-        // dlogits carry the loss scale, read from the step state on its device.
-        kernels::softmax_xent_step(logits, labels, dlogits, grad_scale, step_state);
+        // --cuda.graphs, after the run's first (eager) step: the batch goes into fixed buffers,
+        // and forward, loss and backward replay from one graph (captured at the first such
+        // step); a short batch runs eagerly. Buckets then all go at wait(): no hook.
+        const bool replayed = graphs && step > start_step && samples.dim(0) == batch;
+        if (replayed) {
+          kernels::copy(samples, graph_samples);
+          kernels::copy(labels, graph_labels);
+          if (!forward_backward_graph.captured())
+            forward_backward_graph.capture([&] {
+              const Tensor& logits = model->forward(graph_samples, /*training=*/true);
+              kernels::softmax_xent_step(logits, graph_labels, dlogits, grad_scale, step_state);
+              model->backward(dlogits, no_hook);
+            });
+          forward_backward_graph.replay();
+        } else {
+          const Tensor& logits = model->forward(samples, /*training=*/true);
+          // dlogits carry the loss scale, read from the step state on its device.
+          kernels::softmax_xent_step(logits, labels, dlogits, grad_scale, step_state);
+        }
         const auto backward_start = Clock::now();
         comm::set_phase(comm::Phase::backward);
         window_forward += std::chrono::duration<double>(backward_start - forward_start).count();
@@ -1490,7 +1537,8 @@ TrainSummary Trainer::run() {
         // a rank's loss.
         const bool run_backward = loss_finite || config.model.sync_bn;
         // One bucket goes at wait() anyway: no hook, so backward keeps its single dW GEMMs.
-        const bool hooked = last_micro && run_backward && overlap && reducer.num_buckets() > 1;
+        const bool hooked =
+            !graphs && last_micro && run_backward && overlap && reducer.num_buckets() > 1;
         const bool must_poison =
             (!loss_finite && skip_nonfinite_loss) || (last_micro && inject_nan);
         if (last_micro) {
@@ -1499,7 +1547,7 @@ TrainSummary Trainer::run() {
           accumulating = group > 1;
           poison_in_hook = must_poison;
         }
-        if (run_backward) model->backward(dlogits, hooked ? launch_buckets : no_hook);
+        if (run_backward && !replayed) model->backward(dlogits, hooked ? launch_buckets : no_hook);
         if (!loss_finite && !skip_nonfinite_loss) {
           const std::string layer = model->first_nonfinite_layer(samples);
           throw_user_error("non-finite loss at step " + std::to_string(step + 1) +
@@ -1567,11 +1615,19 @@ TrainSummary Trainer::run() {
       // Every decision is a kernel on the gradients' device; the host hears of it in a report.
       Tensor working_grads[1] = {model->grads()};
       Tensor master_grads[1] = {model->master_grads()};
-      kernels::unscale_and_check_step(working_grads, master_grads, step_state);
-      kernels::decide_step(step_state, scale_rule, schedule_table);
-      // The masters hold the unscaled, all-reduced gradients: the same norm on every rank.
-      if (clip_norm > 0) kernels::clip_grad_norm(model->master_grads(), step_state, clip_norm);
-      optimizer->step(step_state);  // nothing when skipped; under 16 bits, the recast too
+      const auto decide_and_update = [&] {
+        kernels::unscale_and_check_step(working_grads, master_grads, step_state);
+        kernels::decide_step(step_state, scale_rule, schedule_table);
+        // The masters hold the unscaled, all-reduced gradients: the same norm on every rank.
+        if (clip_norm > 0) kernels::clip_grad_norm(model->master_grads(), step_state, clip_norm);
+        optimizer->step(step_state);  // nothing when skipped; under 16 bits, the recast too
+      };
+      if (graphs && step > start_step) {
+        if (!optimizer_graph.captured()) optimizer_graph.capture(decide_and_update);
+        optimizer_graph.replay();
+      } else {
+        decide_and_update();
+      }
       reports.record(step + 1);
       while (const auto report = reports.next(/*drain=*/false)) take_report(*report);
       window_optimizer += seconds_since(optimizer_start);

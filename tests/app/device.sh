@@ -55,6 +55,22 @@ else
   fail "--device=tpu: exit $rc"; cat "$TMP/err" >&2
 fi
 
+# --cuda.graphs where the run trains on the cpu (auto resolves to cpu without a GPU): every
+# rank stops with one line naming --cuda.graphs (the GPU check runs it on a device).
+if [ "$have_gpu" -eq 0 ]; then
+  for dev in auto cpu; do
+    rc=0
+    timeout 60 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" "${train_args[@]}" --device=$dev \
+      --cuda.graphs --output.dir="$TMP/g$dev" >"$TMP/out" 2>"$TMP/err" || rc=$?
+    if [ "$rc" -eq 2 ] &&
+        [ "$(grep -c '^mptrain: error:.*--cuda.graphs needs the cuda device.*hint: pass --device=cuda' "$TMP/err")" -eq 1 ]; then
+      pass "--cuda.graphs --device=$dev refused on the cpu: $(grep '^mptrain: error' "$TMP/err")"
+    else
+      fail "--cuda.graphs --device=$dev: exit $rc"; cat "$TMP/err" >&2
+    fi
+  done
+fi
+
 # auto (the default) and cpu train on the host where no GPU is visible, and rank 0 logs the map
 # once: "device: rank 0 -> HOST:cpu, rank 1 -> HOST:cpu".
 for np in 1 2; do

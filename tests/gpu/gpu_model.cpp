@@ -9,16 +9,22 @@
 // equal maxima than the host; in these models ties are ReLU zeros, whose gradient the ReLU
 // before the pooling masks either way. The conv shapes: odd sizes, stride 2, pad 0/1/2,
 // 1x1, C_in = 1, a fused ReLU, a model planned for more samples than it runs (cuDNN's plan for
-// another batch size). Skipped (exit 77) without a CUDA device.
+// another batch size). Then one whole training step (the sync-free step of gpu_bench's
+// bench_model) captured as one kernels::StepGraph and replayed, against the same step run
+// eagerly: bitwise. Skipped (exit 77) without a CUDA device.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/device_memory.hpp"
+#include "kernels/graph.hpp"
 #include "kernels/softmax_xent.hpp"
+#include "kernels/step_state.hpp"
 #include "kernels/unscale_check.hpp"
 #include "nn/conv2d.hpp"
 #include "nn/nn.hpp"
@@ -209,6 +215,134 @@ void check_training_step(Harness& h, Random& rng, const std::string& label, cons
                 relative_error(device.forward(x_device, false), host.forward(x, false)));
 }
 
+// One model with its optimizer and step state on the cuda device, stepped as
+// perf/gpu/gpu_bench.cpp's bench_model (and the trainer) steps it: every decision on the
+// device (kernels/step_state.hpp), no host synchronisation, so the step can be captured.
+struct GraphTrainee {
+  nn::Model model;
+  std::unique_ptr<optim::Sgd> sgd;
+  Tensor state, dlogits;
+  std::vector<Tensor> grads, master_grads;
+};
+
+GraphTrainee make_graph_trainee(const std::string& spec, DType dtype, std::int64_t batch) {
+  GraphTrainee t{nn::Model::build(spec, {1, 28, 28}, 10, dtype, Device::cuda), nullptr, {}, {}, {},
+                 {}};
+  t.model.init_params(7);
+  t.model.plan(batch);
+  optim::SgdOptions options;
+  options.lr = 0.05f;
+  options.momentum = 0.9f;
+  t.sgd = std::make_unique<optim::Sgd>(t.model.master_params(), t.model.master_grads(), options);
+  if (dtype != DType::f32) t.sgd->recast_into(t.model.params(), t.model.compute_params());
+  kernels::StepState init;
+  init.scale = dtype == DType::f16 ? 1024.0 : 1.0;  // fp16: the dynamic loss scale from 1024
+  t.state = kernels::step_state_tensor(init, Device::cuda);
+  t.dlogits = Tensor({batch, 10}, DType::f32, Device::cuda);
+  t.grads = {t.model.grads()};
+  t.master_grads = {t.model.master_grads()};
+  return t;
+}
+
+void graph_trainee_step(GraphTrainee& t, const Tensor& x, const Tensor& labels,
+                        const kernels::ScaleRule& rule, const Tensor& schedule) {
+  kernels::begin_step(t.state);
+  const Tensor& logits = t.model.forward(x, true);
+  kernels::softmax_xent_step(logits, labels, t.dlogits, 1.f / static_cast<float>(x.dim(0)),
+                             t.state);
+  t.model.backward(t.dlogits);
+  kernels::unscale_and_check_step(t.grads, t.master_grads, t.state);
+  kernels::decide_step(t.state, rule, schedule);
+  t.sgd->step(t.state);
+}
+
+// The fields of two StepStates that differ ("" when none): every field bitwise, except
+// loss_sum, which the loss kernel adds up with one double atomicAdd per row, in whatever order
+// the rows finish (eager or replayed alike), so it may differ in its last bits.
+std::string step_state_differences(const kernels::StepState& got,
+                                   const kernels::StepState& want) {
+  // StepState has no padding (13 doubles, a uint64, 4 int32), so memcmp compares the fields.
+  kernels::StepState got_rest = got, want_rest = want;
+  got_rest.loss_sum = want_rest.loss_sum = 0;
+  std::string differ;
+  if (std::memcmp(&got_rest, &want_rest, sizeof got_rest) != 0) {
+    char text[400];
+    std::snprintf(text, sizeof text,
+                  " fields other than loss_sum differ (got/want: scale %.17g/%.17g, applied "
+                  "%.17g/%.17g, skipped %.17g/%.17g, lr %.17g/%.17g);",
+                  got.scale, want.scale, got.applied_steps, want.applied_steps, got.skipped_steps,
+                  want.skipped_steps, got.lr, want.lr);
+    differ += text;
+  }
+  if (!(std::abs(got.loss_sum - want.loss_sum) <= 1e-12 * std::abs(want.loss_sum))) {
+    char text[96];
+    std::snprintf(text, sizeof text, " loss_sum: got %.17g, want %.17g;", got.loss_sum,
+                  want.loss_sum);
+    differ += text;
+  }
+  return differ;
+}
+
+// One training step of SPEC captured as ONE kernels::StepGraph (begin_step, forward, loss,
+// backward, unscale and check, the skip decision, the SGD step) and replayed 3 times gives
+// bitwise the masters, the working copy, the momentum and the step state of 3 eager steps from
+// the same initial model. Both first take one eager step: cuBLASLt plans, cuDNN's first use and
+// the kernels' grow-once scratch buffers are made then, outside the capture (which refuses
+// allocation and synchronous copies).
+void check_graph_step(Harness& h, Random& rng, const std::string& spec, DType dtype) {
+  const std::string tag = " [" + spec + ", " + dtype_name(dtype) + "]";
+  if (!kernels::graphs_supported()) {
+    std::printf("  skip  StepGraph of a training step%s: MPTRAIN_CUDA_LEGACY_STREAM=1\n",
+                tag.c_str());
+    return;
+  }
+  const std::int64_t batch = 64;
+  const Tensor x = rng.tensor({batch, 1, 28, 28}, DType::f32).to(Device::cuda);
+  Tensor labels_host({batch}, DType::i32);
+  for (std::int64_t i = 0; i < batch; ++i)
+    labels_host.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng.next() % 10);
+  const Tensor labels = labels_host.to(Device::cuda);
+  kernels::ScaleRule rule;
+  rule.dynamic = dtype == DType::f16;
+  const optim::Schedule constant(optim::ScheduleOptions{}, 0.05, 1);
+  const Tensor schedule = optim::schedule_table(constant, 0, 0, 1, 0.f, 0.f, Device::cuda);
+
+  GraphTrainee eager = make_graph_trainee(spec, dtype, batch);
+  GraphTrainee replayed = make_graph_trainee(spec, dtype, batch);
+  h.expect_same_bytes("StepGraph: same initial masters" + tag, replayed.model.master_params(),
+                      eager.model.master_params());
+  for (GraphTrainee* t : {&eager, &replayed}) graph_trainee_step(*t, x, labels, rule, schedule);
+
+  const Tensor masters_before = replayed.model.master_params().to(Device::cpu);
+  const Tensor state_before = replayed.state.to(Device::cpu);
+  kernels::StepGraph graph("gpu_model step");
+  graph.capture([&] { graph_trainee_step(replayed, x, labels, rule, schedule); });
+  h.expect_same_bytes("StepGraph: the capture runs nothing (masters)" + tag,
+                      replayed.model.master_params(), masters_before);
+  h.expect_same_bytes("StepGraph: the capture runs nothing (step state)" + tag, replayed.state,
+                      state_before);
+  for (int i = 0; i < 3; ++i) {
+    graph_trainee_step(eager, x, labels, rule, schedule);
+    graph.replay();
+  }
+  h.expect_same_bytes("StepGraph: 3 replays = 3 eager steps (masters)" + tag,
+                      replayed.model.master_params(), eager.model.master_params());
+  h.expect_same_bytes("StepGraph: 3 replays = 3 eager steps (working copy)" + tag,
+                      replayed.model.params(), eager.model.params());
+  const auto eager_state = eager.sgd->state(), replayed_state = replayed.sgd->state();
+  for (std::size_t i = 0; i < eager_state.size() && i < replayed_state.size(); ++i)
+    h.expect_same_bytes("StepGraph: 3 replays = 3 eager steps (" + eager_state[i].name + ")" + tag,
+                        replayed_state[i].value, eager_state[i].value);
+  const kernels::StepState got = kernels::read_step_state(replayed.state);
+  const kernels::StepState want = kernels::read_step_state(eager.state);
+  const std::string differ = step_state_differences(got, want);
+  h.expect(differ.empty(), "StepGraph: 3 replays = 3 eager steps (step state)" + tag, differ);
+  h.expect(want.applied_steps + want.skipped_steps == 4,
+           "StepGraph: 4 steps decided" + tag,
+           "applied " + std::to_string(want.applied_steps) + ", skipped " +
+               std::to_string(want.skipped_steps));
+}
+
 }  // namespace
 }  // namespace mpt::gpu_test
 
@@ -278,6 +412,13 @@ int main(int argc, char** argv) {
           check_training_step(harness, rng, c.label, c.spec, c.sample, 70, dtype, tol, 77);
     }
     mpt::nn::set_cuda_conv_path(mpt::nn::CudaConvPath::cudnn);
+    // Whole training steps as CUDA graphs (kernels::StepGraph). Not resnet-mini: its BatchNorm
+    // layers do the per-channel arithmetic on the host (src/nn/batchnorm.cpp copies the sums
+    // over and the coefficients back), which a capture cannot contain. The mlp and the cnn
+    // (conv, ReLU, max pooling, dense; no BN, no dropout) can.
+    check_graph_step(harness, rng, "mlp", mpt::DType::f32);
+    check_graph_step(harness, rng, "mlp", mpt::DType::f16);
+    check_graph_step(harness, rng, "cnn", mpt::DType::f16);
   }
 #ifdef MPTRAIN_HAVE_KOKKOS
   Kokkos::finalize();

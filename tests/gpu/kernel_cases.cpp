@@ -19,6 +19,7 @@
 #include "kernels/dropout.hpp"
 #include "kernels/finite.hpp"
 #include "kernels/gelu.hpp"
+#include "kernels/graph.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/norm.hpp"
 #include "kernels/normalize.hpp"
@@ -1049,6 +1050,44 @@ void case_transpose(Harness& h, Random& rng) {
     kernels::transpose_columns(dev(a), b.begin, atd);
     h.expect_same_bytes(label, atd, at);
   }
+}
+
+void case_graph(Harness& h, Random& rng) {
+  // A small step captured once and replayed twice against the same kernels run eagerly twice,
+  // on equal inputs: x = x * c + y, then z = f16(x). Every kernel reads what the one before
+  // wrote, so two replays differ from one, and a replay out of order would show.
+  if (!kernels::graphs_supported()) {
+    h.expect(true, "StepGraph: skipped, MPTRAIN_CUDA_LEGACY_STREAM=1 selects the legacy stream");
+    return;
+  }
+  const Tensor x = rng.tensor({kN}, DType::f32), y = rng.tensor({kN}, DType::f32);
+  constexpr float factor = 0.75f;
+  const auto body = [](Tensor& xs, const Tensor& ys, Tensor& zs) {
+    kernels::scale_inplace(xs, factor);
+    kernels::add(xs, ys, xs);
+    kernels::cast(xs, zs);
+  };
+  Tensor x_eager = dev(x), y_eager = dev(y), z_eager({kN}, DType::f16, Device::cuda);
+  for (int i = 0; i < 2; ++i) body(x_eager, y_eager, z_eager);
+
+  Tensor x_graph = dev(x), y_graph = dev(y), z_graph({kN}, DType::f16, Device::cuda);
+  const Tensor z_before({kN}, DType::f16);  // zero-filled, as a new device tensor is
+  kernels::StepGraph graph("case_graph");
+  h.expect(!graph.captured(), "StepGraph: not captured before capture()");
+  graph.capture([&] { body(x_graph, y_graph, z_graph); });
+  h.expect(graph.captured(), "StepGraph: captured after capture()");
+  // The synchronous copies of the comparisons run on the legacy stream: ordered after the
+  // compute stream's work, so they see what every replay wrote.
+  h.expect_same_bytes("StepGraph: capture runs nothing (x unchanged)", x_graph, x);
+  h.expect_same_bytes("StepGraph: capture runs nothing (z unchanged)", z_graph, z_before);
+  graph.replay();
+  graph.replay();
+  h.expect_same_bytes("StepGraph: 2 replays = 2 eager steps (x)", x_graph, x_eager);
+  h.expect_same_bytes("StepGraph: 2 replays = 2 eager steps (z)", z_graph, z_eager);
+  // An eager kernel after the replays is ordered after them too.
+  kernels::scale_inplace(x_graph, factor);
+  kernels::scale_inplace(x_eager, factor);
+  h.expect_same_bytes("StepGraph: eager work after a replay", x_graph, x_eager);
 }
 
 void case_batchnorm(Harness& h, Random& rng) {

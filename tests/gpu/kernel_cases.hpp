@@ -33,6 +33,7 @@ void case_copy(Harness&, Random&);
 void case_dropout(Harness&, Random&);
 void case_finite(Harness&, Random&);
 void case_gelu(Harness&, Random&);
+void case_graph(Harness&, Random&);
 void case_matmul(Harness&, Random&);
 void case_norm(Harness&, Random&);
 void case_normalize(Harness&, Random&);
@@ -76,6 +77,10 @@ inline constexpr KernelCase kKernelCases[] = {
      CaseStatus::cuda, case_step_state},
     {"transpose.hpp", "transpose_columns", CaseStatus::cuda, case_transpose},
     {"unscale_check.hpp", "unscale_and_check", CaseStatus::cuda, case_unscale_check},
+    // Last, out of order: a capture that fails aborts the process (abort_job), and every case
+    // above has reported by then.
+    {"graph.hpp", "StepGraph capture and replay (scale_inplace, add, cast)", CaseStatus::cuda,
+     case_graph},
 };
 
 }  // namespace mpt::gpu_test

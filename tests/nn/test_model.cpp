@@ -71,6 +71,20 @@ TEST(ModelSpec, MlpIs784x1024x1024x10) {
   EXPECT_NE(summary.find("1863690"), std::string::npos);
 }
 
+TEST(ModelSpec, GraphBlockersNameTheFirstLayerThatCannotBeReplayed) {
+  EXPECT_EQ(Model::build("mlp", {1, 28, 28}, 10).graph_blocker(), "");
+  EXPECT_EQ(Model::build("cnn", {1, 28, 28}, 10).graph_blocker(), "");
+  EXPECT_EQ(Model::build("dense:64,dropout:0,dense:10", {1, 28, 28}, 10).graph_blocker(), "");
+  const std::string dropout = Model::build("dense:64,dropout:0.1,dense:10", {1, 28, 28}, 10).graph_blocker();
+  EXPECT_EQ(dropout.rfind("dropout1: dropout's mask key", 0), 0u) << dropout;
+  const std::string bn = Model::build("resnet-mini", {1, 28, 28}, 10).graph_blocker();
+  EXPECT_EQ(bn.rfind("bn1: BatchNorm", 0), 0u) << bn;
+  // Inside a residual block: the block, then its child.
+  const std::string block = Model::build("conv:8:3:pad=1,relu,resblock:8,gap,dense:10", {1, 8, 8}, 10).graph_blocker();
+  EXPECT_NE(block.find("resblock2: "), std::string::npos) << block;
+  EXPECT_NE(block.find("BatchNorm"), std::string::npos) << block;
+}
+
 TEST(ModelSpec, MlpFollowsTheClassCount) {
   EXPECT_EQ(Model::build("mlp", {3, 32, 32}, 100).spec(),
             "dense:1024,relu,dense:1024,relu,dense:100");
