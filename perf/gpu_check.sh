@@ -7,7 +7,8 @@
 # (also to $OUT/gpu_check.txt when $OUT is set). Needs: the CUDA toolkit (nvcc), CMake >= 3.25,
 # a C++20 compiler, python3 with torch.
 # Builds the GPU-only subset unless MPI, HDF5, Boost and Kokkos are all present. Aims to finish
-# in about 1-2 minutes on one H200 (62 s on 2026-11-29); every stage has its own timeout.
+# in about 2-3 minutes on one H200 (62 s on 2026-11-29, before the graph and batch-8192 stages);
+# every stage has its own timeout.
 set -uo pipefail
 
 usage() {
@@ -116,6 +117,21 @@ for precision in fp16 fp32; do
   timeout 45 "$build/perf/gpu/gpu_bench" --model cnn --conv cudnn --graphs --no-gemm \
     --precision "$precision" --steps "$steps" --batch "$batch" 2>&1 \
     | tee -a "$build/gpu_bench_graphs.log"
+done
+
+# The mlp at a GPU-bound batch (8192: about 90 GFLOP a step), where launches no longer hide
+# what the GPU does: nn::Model against PyTorch AMP, side by side, 50 steps each. The 16-bit
+# nn::Model was 0.54-0.61x PyTorch here on 2026-11-29; its dense layers now run one GEMM per
+# operand over the whole batch on the device (Model::plan), not 16 blocks of 512 rows.
+big_batch=8192
+stage "GPU-bound batch $big_batch: gpu_bench and PyTorch, mlp"
+: > "$build/gpu_bench_big.log"
+: > "$build/pytorch_big.log"
+timeout 60 "$build/perf/gpu/gpu_bench" --model mlp --no-gemm --steps 50 --warmup 5 \
+  --batch "$big_batch" 2>&1 | tee -a "$build/gpu_bench_big.log"
+for precision in fp32 fp16 bf16; do
+  timeout 60 "$python" perf/pytorch_gpu.py --model mlp --batch "$big_batch" --steps 50 \
+    --precision "$precision" 2>&1 | tee -a "$build/pytorch_big.log"
 done
 
 stage "PyTorch peers (perf/pytorch_gpu.py and torch.matmul)"
@@ -290,6 +306,18 @@ field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
     echo "| $name (graphs)${conv:+ (conv $conv)} | $precision | $batch | ${graphs:-n/a} | ${eager:-n/a} | $ratio_eager | ${theirs:-n/a} | $ratio_torch |"
   done
   echo
+  # The GPU-bound batch.
+  echo "| mlp, batch $big_batch | precision | mptrain nn::Model samples/s | mptrain-kernels samples/s | PyTorch samples/s | nn::Model / PyTorch | kernels / PyTorch |"
+  echo "|---|---|---|---|---|---|---|"
+  for precision in fp32 fp16 bf16; do
+    model=$(grep "mptrain-model model=mlp precision=$precision " "$build/gpu_bench_big.log" | field samples_per_s)
+    ours=$(grep "mptrain-kernels model=mlp precision=$precision " "$build/gpu_bench_big.log" | field samples_per_s)
+    theirs=$(grep "pytorch model=mlp precision=$precision " "$build/pytorch_big.log" | field samples_per_s)
+    ratio_model=$(awk -v a="$model" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
+    ratio=$(awk -v a="$ours" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
+    echo "| mlp | $precision | ${model:-n/a} | ${ours:-n/a} | ${theirs:-n/a} | $ratio_model | $ratio |"
+  done
+  echo
   echo "| GEMM m=n=k | precision | mptrain cuBLASLt TFLOP/s | torch.matmul TFLOP/s | ratio |"
   echo "|---|---|---|---|---|"
   for size in 1024 4096 8192; do
@@ -316,7 +344,7 @@ field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
 if [[ -n ${OUT:-} ]]; then
   cp "$build/gpu_check.txt" "$OUT/gpu_check.txt"
   cp "$build/ctest.log" "$build/gpu_bench.log" "$build/gpu_bench_graphs.log" "$build/pytorch.log" \
-    "$build/trainer.log" "$OUT/" 2>/dev/null || true
+    "$build/gpu_bench_big.log" "$build/pytorch_big.log" "$build/trainer.log" "$OUT/" 2>/dev/null || true
   cp "$build/nccl.log" "$build/nccl-ctest.log" "$OUT/" 2>/dev/null || true
 fi
 exit $(( ctest_rc != 0 ))

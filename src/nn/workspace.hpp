@@ -1,6 +1,8 @@
 // Private to nn: the f32 scratch that layers compute in while the model stores activations in
 // 16 bits. Sized for one block of rows of the widest layer, not for the whole batch, so that it
-// stays small next to the activations it serves and the 16-bit saving is real.
+// stays small next to the activations it serves and the 16-bit saving is real: 512 rows on the
+// host (cache-sized); on the cuda device up to 256 MiB of rows (Model::plan), so that a layer's
+// GEMMs cover the whole batch at once and fill the GPU.
 #pragma once
 
 #include <cstdint>
