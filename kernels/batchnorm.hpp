@@ -20,6 +20,12 @@ void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, std::int64_t cha
 void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, std::int64_t channels,
                            const Tensor& mean, const Tensor& dy_coef, const Tensor& x_coef,
                            const Tensor& bias, Tensor& dx);
+void batchnorm_forward_coefs(const Tensor& sums, double count, bool training, const Tensor& gamma,
+                             const Tensor& beta, Tensor& running_mean, Tensor& running_var,
+                             double momentum, double epsilon, Tensor& mean, Tensor& invstd,
+                             Tensor& scale, Tensor& shift);
+void batchnorm_backward_coefs(const Tensor& sums, double count, const Tensor& gamma,
+                              const Tensor& invstd, Tensor& dy_coef, Tensor& x_coef, Tensor& bias);
 }  // namespace host
 // The CUDA twins (kernels/cuda/batchnorm.cu), same contracts, every tensor on the cuda device.
 namespace cuda {
@@ -31,6 +37,12 @@ void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, std::int64_t cha
 void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, std::int64_t channels,
                            const Tensor& mean, const Tensor& dy_coef, const Tensor& x_coef,
                            const Tensor& bias, Tensor& dx);
+void batchnorm_forward_coefs(const Tensor& sums, double count, bool training, const Tensor& gamma,
+                             const Tensor& beta, Tensor& running_mean, Tensor& running_var,
+                             double momentum, double epsilon, Tensor& mean, Tensor& invstd,
+                             Tensor& scale, Tensor& shift);
+void batchnorm_backward_coefs(const Tensor& sums, double count, const Tensor& gamma,
+                              const Tensor& invstd, Tensor& dy_coef, Tensor& x_coef, Tensor& bias);
 }  // namespace cuda
 
 // SUMS (f32, at least 2C) := per channel c: SUMS[c] = sum of x, SUMS[C + c] = sum of x^2, over
@@ -62,6 +74,38 @@ inline void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, std::int64_
                                   const Tensor& bias, Tensor& dx) {
   MPT_DISPATCH_CUDA(x, batchnorm_backward_dx, x, dy, channels, mean, dy_coef, x_coef, bias, dx);
   host::batchnorm_backward_dx(x, dy, channels, mean, dy_coef, x_coef, bias, dx);
+}
+
+// The per-channel arithmetic between the passes above, for C = GAMMA's channels, in double with
+// each result rounded to f32 once; every tensor f32 [C] (SUMS: at least 2C), where the other
+// kernels run, so that a layer on the cuda device needs no host copy and no synchronisation.
+// TRAINING: from SUMS (sum x, sum x^2; batchnorm_sums) over COUNT > 0 elements per channel,
+//   m = sum / COUNT, var = max(0, sum x^2 / COUNT - m^2), MEAN = m, INVSTD = 1 / sqrt(var + EPSILON),
+//   RUNNING_MEAN = (1 - MOMENTUM) RUNNING_MEAN + MOMENTUM m,
+//   RUNNING_VAR = (1 - MOMENTUM) RUNNING_VAR + MOMENTUM var COUNT / (COUNT - 1) (no factor for
+//   COUNT = 1), as PyTorch;
+// else (evaluation) MEAN = RUNNING_MEAN, INVSTD = 1 / sqrt(RUNNING_VAR + EPSILON), COUNT unused.
+// Then s = GAMMA * INVSTD, SCALE = s, SHIFT = BETA - MEAN s, so that y = x SCALE + SHIFT.
+inline void batchnorm_forward_coefs(const Tensor& sums, double count, bool training,
+                                    const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                                    Tensor& running_var, double momentum, double epsilon,
+                                    Tensor& mean, Tensor& invstd, Tensor& scale, Tensor& shift) {
+  MPT_DISPATCH_CUDA(gamma, batchnorm_forward_coefs, sums, count, training, gamma, beta,
+                    running_mean, running_var, momentum, epsilon, mean, invstd, scale, shift);
+  host::batchnorm_forward_coefs(sums, count, training, gamma, beta, running_mean, running_var,
+                                momentum, epsilon, mean, invstd, scale, shift);
+}
+
+// The coefficients of batchnorm_backward_dx from SUMS (sum dy, sum dy xhat; 
+// batchnorm_backward_sums): g = GAMMA * INVSTD, DY_COEF = g; with COUNT > 0 (the gradient
+// flows through a training forward's batch statistics over COUNT elements per channel)
+// X_COEF = -g INVSTD (sum dy xhat) / COUNT and BIAS = -g (sum dy) / COUNT, else both 0.
+inline void batchnorm_backward_coefs(const Tensor& sums, double count, const Tensor& gamma,
+                                     const Tensor& invstd, Tensor& dy_coef, Tensor& x_coef,
+                                     Tensor& bias) {
+  MPT_DISPATCH_CUDA(gamma, batchnorm_backward_coefs, sums, count, gamma, invstd, dy_coef, x_coef,
+                    bias);
+  host::batchnorm_backward_coefs(sums, count, gamma, invstd, dy_coef, x_coef, bias);
 }
 
 }  // namespace mpt::kernels

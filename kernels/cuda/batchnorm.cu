@@ -1,8 +1,10 @@
 // CUDA batch normalisation kernels (see kernels/batchnorm.hpp). The per-channel sums run one
 // thread block per channel: double sums per thread, then a fixed shared-memory tree, so the
 // result does not depend on scheduling (no atomics). The elementwise passes are one thread per
-// element with explicit roundings, so they are the host's f32 arithmetic bit for bit.
+// element with explicit roundings, so they are the host's f32 arithmetic bit for bit; so are
+// the per-channel coefficients (one thread per channel, double intrinsics: no FMA contraction).
 #include <algorithm>
+#include <initializer_list>
 
 #include "kernels/batchnorm.hpp"
 #include "kernels/cuda/common.cuh"
@@ -131,6 +133,9 @@ unsigned channel_blocks(std::int64_t channels) {
   return static_cast<unsigned>(std::min(channels, kMaxChannelBlocks));
 }
 
+// std::max(0.0, x) as the host evaluates it: 0 unless 0 < x, so a NaN gives 0 too.
+__device__ inline double at_least_zero(double x) { return 0.0 < x ? x : 0.0; }
+
 }  // namespace
 
 void batchnorm_sums(const Tensor& x, std::int64_t channels, Tensor& sums) {
@@ -204,6 +209,84 @@ void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, std::int64_t chann
     const float value =
         __fadd_rn(__fadd_rn(__fmul_rn(k1[c], g), __fmul_rn(k2[c], __fsub_rn(v, m[c]))), k3[c]);
     store(grad_in, i, value);
+  });
+}
+
+void batchnorm_forward_coefs(const Tensor& sums, double count, bool training, const Tensor& gamma,
+                             const Tensor& beta, Tensor& running_mean, Tensor& running_var,
+                             double momentum, double epsilon, Tensor& mean, Tensor& invstd,
+                             Tensor& scale, Tensor& shift) {
+  constexpr const char* op = "kernels::cuda::batchnorm_forward_coefs";
+  const std::int64_t channels = gamma.numel();
+  check_channels(op, "gamma must be f32 on the cuda device", gamma, channels);
+  const std::initializer_list<const Tensor*> per_channel = {
+      &beta, &running_mean, &running_var, &mean, &invstd, &scale, &shift};
+  for (const Tensor* t : per_channel)
+    check_channels(op, "per-channel values must be f32 [C] on the cuda device", *t, channels);
+  if (training) check_sums(op, sums, channels);  // evaluation reads no sums
+  const float* sum = training ? sums.data<float>() : nullptr;
+  const float* g = gamma.data<float>();
+  const float* b = beta.data<float>();
+  float* rm = running_mean.data<float>();
+  float* rv = running_var.data<float>();
+  float* mu = mean.data<float>();
+  float* is = invstd.data<float>();
+  float* sc = scale.data<float>();
+  float* sh = shift.data<float>();
+  // Scalars the host twin also takes in double on the host: the same IEEE results.
+  const double unbias = count > 1 ? count / (count - 1) : 1.0;
+  const double keep = 1 - momentum;
+  // Every double operation in the host's order and grouping, each rounded on its own.
+  launch_elementwise(op, channels, [=] __device__(std::int64_t k) {
+    float mean_k, invstd_k;
+    if (training) {
+      const double m = __ddiv_rn(sum[k], count);
+      const double var =
+          at_least_zero(__dsub_rn(__ddiv_rn(sum[channels + k], count), __dmul_rn(m, m)));
+      mean_k = __double2float_rn(m);
+      invstd_k = __double2float_rn(__ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(var, epsilon))));
+      // (1 - momentum) * running + momentum * m, and momentum * var * unbias left to right.
+      rm[k] = __double2float_rn(__dadd_rn(__dmul_rn(keep, rm[k]), __dmul_rn(momentum, m)));
+      rv[k] = __double2float_rn(
+          __dadd_rn(__dmul_rn(keep, rv[k]), __dmul_rn(__dmul_rn(momentum, var), unbias)));
+    } else {
+      mean_k = rm[k];
+      invstd_k = __double2float_rn(__ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(rv[k], epsilon))));
+    }
+    mu[k] = mean_k;
+    is[k] = invstd_k;
+    // s = gamma * invstd (the f32 one), shift = beta - (mean * s).
+    const double s = __dmul_rn(g[k], invstd_k);
+    sc[k] = __double2float_rn(s);
+    sh[k] = __double2float_rn(__dsub_rn(b[k], __dmul_rn(mean_k, s)));
+  });
+}
+
+void batchnorm_backward_coefs(const Tensor& sums, double count, const Tensor& gamma,
+                              const Tensor& invstd, Tensor& dy_coef, Tensor& x_coef, Tensor& bias) {
+  constexpr const char* op = "kernels::cuda::batchnorm_backward_coefs";
+  const std::int64_t channels = gamma.numel();
+  check_channels(op, "gamma must be f32 on the cuda device", gamma, channels);
+  const std::initializer_list<const Tensor*> per_channel = {&invstd, &dy_coef, &x_coef, &bias};
+  for (const Tensor* t : per_channel)
+    check_channels(op, "per-channel values must be f32 [C] on the cuda device", *t, channels);
+  check_sums(op, sums, channels);
+  const float* sum = sums.data<float>();
+  const float* g = gamma.data<float>();
+  const float* is = invstd.data<float>();
+  float* k1 = dy_coef.data<float>();
+  float* k2 = x_coef.data<float>();
+  float* k3 = bias.data<float>();
+  const bool through_stats = count > 0;
+  // g = gamma * invstd; x_coef = ((-g * invstd) * sum dy xhat) / count, bias = (-g * sum dy) /
+  // count: each operation rounded on its own, as the host.
+  launch_elementwise(op, channels, [=] __device__(std::int64_t k) {
+    const double gk = __dmul_rn(g[k], is[k]);
+    k1[k] = __double2float_rn(gk);
+    k2[k] = through_stats ? __double2float_rn(__ddiv_rn(
+                                __dmul_rn(__dmul_rn(-gk, is[k]), sum[channels + k]), count))
+                          : 0.f;
+    k3[k] = through_stats ? __double2float_rn(__ddiv_rn(__dmul_rn(-gk, sum[k]), count)) : 0.f;
   });
 }
 

@@ -4,6 +4,7 @@
 #include "kernels/batchnorm.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/host/float_io.hpp"
 #include "kernels/host/parallel.hpp"
@@ -218,6 +219,72 @@ void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, std::int64_t chann
       }
     }
   });
+}
+
+void batchnorm_forward_coefs(const Tensor& sums, double count, bool training, const Tensor& gamma,
+                             const Tensor& beta, Tensor& running_mean, Tensor& running_var,
+                             double momentum, double epsilon, Tensor& mean, Tensor& invstd,
+                             Tensor& scale, Tensor& shift) {
+  constexpr const char* op = "kernels::batchnorm_forward_coefs";
+  const std::int64_t c = gamma.numel();
+  check_channels(op, "gamma must be f32 on the host", gamma, c);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&beta, &running_mean, &running_var, &mean,
+                                                              &invstd, &scale, &shift})
+    check_channels(op, "per-channel values must be f32 [C] on the host", *t, c);
+  if (training) check_channels(op, "sums must be f32 [2C] on the host", sums, 2 * c);
+  const float* sum = training ? sums.data<float>() : nullptr;
+  const float* g = gamma.data<float>();
+  const float* b = beta.data<float>();
+  float* rm = running_mean.data<float>();
+  float* rv = running_var.data<float>();
+  float* mu = mean.data<float>();
+  float* is = invstd.data<float>();
+  float* sc = scale.data<float>();
+  float* sh = shift.data<float>();
+  // Unbiased variance for the running estimate, as PyTorch (M/(M-1); M = 1 keeps it biased).
+  const double unbias = count > 1 ? count / (count - 1) : 1.0;
+  for (std::int64_t k = 0; k < c; ++k) {
+    if (training) {
+      const double m = sum[k] / count;
+      const double var = std::max(0.0, sum[c + k] / count - m * m);
+      mu[k] = static_cast<float>(m);
+      is[k] = static_cast<float>(1.0 / std::sqrt(var + epsilon));
+      rm[k] = static_cast<float>((1 - momentum) * rm[k] + momentum * m);
+      rv[k] = static_cast<float>((1 - momentum) * rv[k] + momentum * var * unbias);
+    } else {
+      mu[k] = rm[k];
+      is[k] = static_cast<float>(1.0 / std::sqrt(double{rv[k]} + epsilon));
+    }
+    // y = (x - mean) * invstd * gamma + beta = x * scale + shift.
+    const double s = double{g[k]} * is[k];
+    sc[k] = static_cast<float>(s);
+    sh[k] = static_cast<float>(b[k] - mu[k] * s);
+  }
+}
+
+void batchnorm_backward_coefs(const Tensor& sums, double count, const Tensor& gamma,
+                              const Tensor& invstd, Tensor& dy_coef, Tensor& x_coef, Tensor& bias) {
+  constexpr const char* op = "kernels::batchnorm_backward_coefs";
+  const std::int64_t c = gamma.numel();
+  check_channels(op, "gamma must be f32 on the host", gamma, c);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&invstd, &dy_coef, &x_coef, &bias})
+    check_channels(op, "per-channel values must be f32 [C] on the host", *t, c);
+  check_channels(op, "sums must be f32 [2C] on the host", sums, 2 * c);
+  const float* sum = sums.data<float>();
+  const float* g = gamma.data<float>();
+  const float* is = invstd.data<float>();
+  float* k1 = dy_coef.data<float>();
+  float* k2 = x_coef.data<float>();
+  float* k3 = bias.data<float>();
+  const bool through_stats = count > 0;
+  for (std::int64_t k = 0; k < c; ++k) {
+    // dx = gamma invstd (dy - mean(dy) - xhat mean(dy xhat)), xhat = (x - mean) invstd; with
+    // running statistics (eval) only the first term.
+    const double gk = double{g[k]} * is[k];
+    k1[k] = static_cast<float>(gk);
+    k2[k] = through_stats ? static_cast<float>(-gk * is[k] * sum[c + k] / count) : 0.f;
+    k3[k] = through_stats ? static_cast<float>(-gk * sum[k] / count) : 0.f;
+  }
 }
 
 }  // namespace mpt::kernels::host

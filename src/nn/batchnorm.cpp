@@ -1,7 +1,8 @@
 // BatchNorm forward and backward: the kernels produce per-channel sums in FP32 (accumulated in
-// double), an optional StatsReducer sums them across ranks, and the per-channel arithmetic here
-// (C values) runs in double before the elementwise passes. On the cuda device that arithmetic
-// stays on the host: the sums come over and the coefficients go back, C-sized copies.
+// double), an optional StatsReducer sums them across ranks, and the per-channel arithmetic
+// (kernels::batchnorm_forward_coefs/backward_coefs: C values, in double) runs before the
+// elementwise passes, where the kernels run. Only sync BN on the cuda device does it on the
+// host, since its reducer sums host values: the sums come over and the coefficients go back.
 #include "nn/batchnorm.hpp"
 
 #include <cmath>
@@ -36,9 +37,9 @@ BatchNorm::BatchNorm(std::string name, const Shape& input_shape) : Layer(std::mo
               shape_to_string(input_shape));
   channels_ = input_shape[0];
   plane_ = shape_numel(input_shape) / channels_;
-  // Small (13C + 1 floats) and sized by the layer alone, so allocated here, at build.
+  // Small (9C + 1 floats) and sized by the layer alone, so allocated here, at build.
   const std::int64_t c = channels_;
-  scratch_ = Tensor({13 * c + 1}, DType::f32);
+  scratch_ = Tensor({9 * c + 1}, DType::f32);
   host_ = views_of(scratch_, c);
   kernel_scratch_ = scratch_;
   kernel_ = host_;
@@ -55,8 +56,6 @@ BatchNorm::ScratchViews BatchNorm::views_of(const Tensor& scratch, std::int64_t 
   views.dy_coef = take(scratch, at, c);
   views.x_coef = take(scratch, at, c);
   views.bias = take(scratch, at, c);
-  views.dgamma = take(scratch, at, c);
-  views.dbeta = take(scratch, at, c);
   views.sum_dy = Tensor::view(scratch, 0, {c});
   views.sum_dy_xhat = Tensor::view(scratch, c, {c});
   views.forward_coefs = Tensor::view(scratch, 2 * c + 1, {4 * c});
@@ -83,10 +82,14 @@ void BatchNorm::set_device(Device device) {
   running_var_host_ = take(host_copies_, at, c);
 }
 
-float* BatchNorm::on_host(Tensor& values, Tensor& host_copy) {
-  if (values.device() == Device::cpu) return values.data<float>();
+Tensor& BatchNorm::on_host(Tensor& values, Tensor& host_copy) {
+  if (values.device() == Device::cpu) return values;
   kernels::copy(values, host_copy);
-  return host_copy.data<float>();
+  return host_copy;
+}
+
+bool BatchNorm::arithmetic_on_host() const {
+  return kernel_scratch_.raw() != scratch_.raw() && context_ && context_->stats_reducer;
 }
 
 double BatchNorm::flops_per_sample(const Shape& input_shape) const {
@@ -112,87 +115,65 @@ std::int64_t BatchNorm::scratch_bytes() const {
 
 void BatchNorm::forward(const Tensor& x, Tensor& y, bool training) {
   const std::int64_t c = channels_;
-  // On the cuda device each of these, and each mirror() below, is a C-sized copy that waits
-  // for the device: the per-channel arithmetic runs on the host (docs/gpu.md).
-  const float* gamma = on_host(param_value(kGamma), gamma_host_);
-  const float* beta = on_host(param_value(kBeta), beta_host_);
-  float* running_mean = on_host(buffer_value(kRunningMean), running_mean_host_);
-  float* running_var = on_host(buffer_value(kRunningVar), running_var_host_);
-  float* mean = host_.mean.data<float>();
-  float* invstd = host_.invstd.data<float>();
+  const bool reduce = context_ && context_->stats_reducer;
+  const bool on_host_side = arithmetic_on_host();
+  ScratchViews& at = on_host_side ? host_ : kernel_;
   last_training_ = training;
+  double count = 0;
   if (training) {
     kernels::batchnorm_sums(x, c, kernel_.sums);
-    mirror(kernel_.sums, host_.sums);
-    float* sums = host_.sums.data<float>();
-    sums[2 * c] = static_cast<float>(x.dim(0));  // samples: exact in f32 below 2^24
-    if (context_ && context_->stats_reducer) context_->stats_reducer(sums, 2 * c + 1);
-    const double count = static_cast<double>(sums[2 * c]) * static_cast<double>(plane_);
+    if (reduce) {
+      // Through the host: on the cuda device a copy of 2C + 1 values and a wait (sync BN).
+      mirror(kernel_.sums, host_.sums);
+      float* sums = host_.sums.data<float>();
+      sums[2 * c] = static_cast<float>(x.dim(0));  // samples: exact in f32 below 2^24
+      context_->stats_reducer(sums, 2 * c + 1);
+      count = static_cast<double>(sums[2 * c]) * static_cast<double>(plane_);
+    } else {
+      count = static_cast<double>(static_cast<float>(x.dim(0))) * static_cast<double>(plane_);
+    }
     last_count_ = count;
     if (count <= 0) return;  // an empty batch on every rank: nothing to normalise
-    // Unbiased variance for the running estimate, as PyTorch (M/(M-1); M = 1 keeps it biased).
-    const double unbias = count > 1 ? count / (count - 1) : 1.0;
-    for (std::int64_t k = 0; k < c; ++k) {
-      const double m = sums[k] / count;
-      const double var = std::max(0.0, sums[c + k] / count - m * m);
-      mean[k] = static_cast<float>(m);
-      invstd[k] = static_cast<float>(1.0 / std::sqrt(var + kEpsilon));
-      running_mean[k] = static_cast<float>((1 - kMomentum) * running_mean[k] + kMomentum * m);
-      running_var[k] =
-          static_cast<float>((1 - kMomentum) * running_var[k] + kMomentum * var * unbias);
-    }
-    if (running_mean_host_.defined()) {  // the running statistics live on the device
+  }
+  Tensor& running_mean =
+      on_host_side ? on_host(buffer_value(kRunningMean), running_mean_host_) : buffer_value(kRunningMean);
+  Tensor& running_var =
+      on_host_side ? on_host(buffer_value(kRunningVar), running_var_host_) : buffer_value(kRunningVar);
+  kernels::batchnorm_forward_coefs(
+      at.sums, count, training,
+      on_host_side ? on_host(param_value(kGamma), gamma_host_) : param_value(kGamma),
+      on_host_side ? on_host(param_value(kBeta), beta_host_) : param_value(kBeta), running_mean,
+      running_var, kMomentum, kEpsilon, at.mean, at.invstd, at.scale, at.shift);
+  if (on_host_side) {
+    if (training) {  // the running statistics live on the device
       kernels::copy(running_mean_host_, buffer_value(kRunningMean));
       kernels::copy(running_var_host_, buffer_value(kRunningVar));
     }
-  } else {
-    for (std::int64_t k = 0; k < c; ++k) {
-      mean[k] = running_mean[k];
-      invstd[k] = static_cast<float>(1.0 / std::sqrt(double{running_var[k]} + kEpsilon));
-    }
+    mirror(host_.forward_coefs, kernel_.forward_coefs);  // mean and invstd too: backward's kernels read them
   }
-  // y = (x - mean) * invstd * gamma + beta = x * scale + shift.
-  float* scale = host_.scale.data<float>();
-  float* shift = host_.shift.data<float>();
-  for (std::int64_t k = 0; k < c; ++k) {
-    const double s = double{gamma[k]} * invstd[k];
-    scale[k] = static_cast<float>(s);
-    shift[k] = static_cast<float>(beta[k] - mean[k] * s);
-  }
-  mirror(host_.forward_coefs,
-         kernel_.forward_coefs);  // mean and invstd too: backward's kernels read them
   kernels::batchnorm_apply(x, c, kernel_.scale, kernel_.shift, y);
 }
 
 void BatchNorm::backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) {
   const std::int64_t c = channels_;
-  // host_.sums[k] = sum dy, host_.sums[C + k] = sum dy * xhat, this rank's batch.
+  // sums[k] = sum dy, sums[C + k] = sum dy * xhat, this rank's batch.
   kernels::batchnorm_backward_sums(x, dy, c, kernel_.mean, kernel_.invstd, kernel_.sums);
   // dgamma = sum dy * xhat, dbeta = sum dy: this rank's share; the gradient all-reduce adds the
-  // others, as for every other parameter. Copied where the kernels run, before any reduction.
-  kernels::copy(kernel_.sum_dy_xhat, kernel_.dgamma);
-  kernels::copy(kernel_.sum_dy, kernel_.dbeta);
-  kernels::cast(kernel_.dgamma, param_grad(kGamma));
-  kernels::cast(kernel_.dbeta, param_grad(kBeta));
+  // others, as for every other parameter. Taken before any reduction of the sums.
+  kernels::cast(kernel_.sum_dy_xhat, param_grad(kGamma));
+  kernels::cast(kernel_.sum_dy, param_grad(kBeta));
   if (!dx) return;
-  mirror(kernel_.sums, host_.sums);
-  float* sums = host_.sums.data<float>();
-  const float* gamma = on_host(param_value(kGamma), gamma_host_);
-  const float* invstd = host_.invstd.data<float>();
-  float* k1 = host_.dy_coef.data<float>();
-  float* k2 = host_.x_coef.data<float>();
-  float* k3 = host_.bias.data<float>();
+  const bool on_host_side = arithmetic_on_host();
+  ScratchViews& at = on_host_side ? host_ : kernel_;
+  if (on_host_side) mirror(kernel_.sums, host_.sums);
   const bool through_stats = last_training_ && last_count_ > 0;
-  if (through_stats && context_ && context_->stats_reducer) context_->stats_reducer(sums, 2 * c);
-  for (std::int64_t k = 0; k < c; ++k) {
-    // dx = gamma invstd (dy - mean(dy) - xhat mean(dy xhat)), xhat = (x - mean) invstd; with
-    // running statistics (eval) only the first term.
-    const double g = double{gamma[k]} * invstd[k];
-    k1[k] = static_cast<float>(g);
-    k2[k] = through_stats ? static_cast<float>(-g * invstd[k] * sums[c + k] / last_count_) : 0.f;
-    k3[k] = through_stats ? static_cast<float>(-g * sums[k] / last_count_) : 0.f;
-  }
-  mirror(host_.backward_coefs, kernel_.backward_coefs);
+  if (through_stats && context_ && context_->stats_reducer)
+    context_->stats_reducer(at.sums.data<float>(), 2 * c);  // on the host (see arithmetic_on_host)
+  kernels::batchnorm_backward_coefs(
+      at.sums, through_stats ? last_count_ : 0.0,
+      on_host_side ? on_host(param_value(kGamma), gamma_host_) : param_value(kGamma), at.invstd,
+      at.dy_coef, at.x_coef, at.bias);
+  if (on_host_side) mirror(host_.backward_coefs, kernel_.backward_coefs);
   kernels::batchnorm_backward_dx(x, dy, c, kernel_.mean, kernel_.dy_coef, kernel_.x_coef,
                                  kernel_.bias, *dx);
 }

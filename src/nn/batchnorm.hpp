@@ -37,30 +37,37 @@ class BatchNorm final : public Layer {
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
 
   std::int64_t channels() const { return channels_; }
+  // Only sync BN's statistics go through the host (an MPI all-reduce of the sums).
   std::string graph_blocker() const override {
-    return "BatchNorm computes its per-channel coefficients on the host (synchronous copies)";
+    return context_ && context_->stats_reducer
+               ? "sync BN all-reduces its statistics through the host (--model.sync-bn)"
+               : "";
   }
 
  private:
-  // The per-channel scratch's layout (f32, one allocation of 13C + 1): sums (2C + 1: the count
-  // rides along; sum dy then sum dy * xhat after backward), mean, invstd, scale, shift, the
-  // three dx coefficients, then the parameter gradients dgamma and dbeta (2C).
+  // The per-channel scratch's layout (f32, one allocation of 9C + 1): sums (2C + 1: the count
+  // rides along; sum dy then sum dy * xhat after backward), mean, invstd, scale, shift, and
+  // the three dx coefficients.
   struct ScratchViews {
     Tensor sums, sum_dy, sum_dy_xhat, mean, invstd, scale, shift, dy_coef, x_coef, bias;
-    Tensor dgamma, dbeta;
     Tensor forward_coefs, backward_coefs;  // mean..shift (4C) and the dx coefficients (3C)
   };
   static ScratchViews views_of(const Tensor& scratch, std::int64_t channels);
-  // VALUES (f32 [C]) readable on the host: their own data on the host, else copied into
-  // HOST_COPY (a synchronisation).
-  static float* on_host(Tensor& values, Tensor& host_copy);
+  // VALUES (f32 [C]) readable on the host: VALUES itself on the host, else HOST_COPY, copied
+  // into (a synchronisation).
+  static Tensor& on_host(Tensor& values, Tensor& host_copy);
+  // True when the per-channel arithmetic must run on the host although the kernels run on the
+  // cuda device: sync BN, whose stats reducer sums host values across ranks.
+  bool arithmetic_on_host() const;
 
   std::int64_t channels_, plane_;
-  // Always on the host, where the per-channel arithmetic (C values, in double) runs.
+  // The host's scratch: the kernels' own on the host; on the cuda device, where sync BN's
+  // per-channel arithmetic runs (arithmetic_on_host).
   Tensor scratch_;
   ScratchViews host_;
   // The same layout where the kernels run (scratch_ itself on the host, a device copy on the
-  // cuda device): sums and coefficients cross over in one copy each way.
+  // cuda device), where the per-channel arithmetic runs too (kernels::batchnorm_*_coefs)
+  // unless arithmetic_on_host(): then sums and coefficients cross over, one copy each way.
   Tensor kernel_scratch_;
   ScratchViews kernel_;
   // On the cuda device only: host copies of gamma, beta and the running statistics (4C).

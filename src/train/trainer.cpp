@@ -617,6 +617,10 @@ void check_graphs(const RunConfig& config, Device device, const nn::Model& model
               "unset MPTRAIN_CUDA_LEGACY_STREAM, or leave --cuda.graphs off");
   MPT_REQUIRE(config.loop.accumulate == 1, "--cuda.graphs needs --train.accumulate=1",
               "leave --cuda.graphs off to accumulate gradients");
+  MPT_REQUIRE(!config.model.sync_bn,
+              "--cuda.graphs cannot capture --model.sync-bn: its statistics are all-reduced "
+              "through the host inside the step",
+              "leave one of the two off");
   const std::string blocker = model.graph_blocker();
   MPT_REQUIRE(blocker.empty(), "--cuda.graphs cannot capture layer " + blocker,
               "use a model without it (e.g. --model.name=mlp), or leave --cuda.graphs off");

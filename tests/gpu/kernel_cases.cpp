@@ -1090,12 +1090,117 @@ void case_graph(Harness& h, Random& rng) {
   h.expect_same_bytes("StepGraph: eager work after a replay", x_graph, x_eager);
 }
 
+namespace {
+
+// The per-channel coefficient kernels, batchnorm_forward_coefs and batchnorm_backward_coefs, on
+// C = 1, 7 and 300 (two blocks of threads): the SUMS come from a real batchnorm_sums of a batch
+// near 100, over N*S = 20 elements per channel and over a single sample (count 1). With C > 1 the
+// last channel holds one value repeated, chosen so that sum x^2 / count - mean^2 comes out below
+// 0 from the f32 sums and max(0, .) clamps it; with C = 300 one sum of squares is NaN, which the
+// host's std::max(0.0, NaN) turns into 0. Training then evaluation (on the running statistics the
+// training call left), backward through batch statistics (count > 0) and not (count 0): every
+// output, the running statistics updated in place included, must be the host twin's bytes.
+void batchnorm_coefs_cases(Harness& h, Random& rng) {
+  constexpr double kMomentum = 0.1, kEpsilon = 1e-5;  // nn::BatchNorm's
+  constexpr float kOffset = 100.f;
+  const std::int64_t channel_counts[] = {1, 7, 300};
+  const std::pair<std::int64_t, std::int64_t> batches[] = {{4, 5}, {1, 1}};  // (N, S)
+  for (const std::int64_t channels : channel_counts)
+    for (const auto& [batch, plane] : batches) {
+      const double count = static_cast<double>(batch * plane);
+      char dims[80];
+      std::snprintf(dims, sizeof dims, " [C=%lld count=%g]", static_cast<long long>(channels),
+                    count);
+      const Shape shape = plane == 1 ? Shape{batch, channels} : Shape{batch, channels, plane};
+      Tensor x = rng.tensor(shape, DType::f32, kOffset - 1.f, kOffset + 1.f);
+      // 2C + 1 as the layer's (the last one its sample count): the kernels read the first 2C.
+      Tensor sums({2 * channels + 1}, DType::f32);
+      float* hs = sums.data<float>();
+      hs[2 * channels] = static_cast<float>(batch);
+      kernels::batchnorm_sums(x, channels, sums);
+      if (channels > 1) {
+        const std::int64_t flat = channels - 1;
+        bool negative = false;
+        for (int attempt = 0; attempt < 256 && !negative; ++attempt) {
+          const float value = kOffset + 0.0137f * static_cast<float>(attempt);
+          for (std::int64_t n = 0; n < batch; ++n)
+            for (std::int64_t s = 0; s < plane; ++s)
+              x.data<float>()[(n * channels + flat) * plane + s] = value;
+          kernels::batchnorm_sums(x, channels, sums);
+          const double m = hs[flat] / count;
+          negative = hs[channels + flat] / count - m * m < 0;
+        }
+        h.expect(negative, std::string("batchnorm coefs: a constant channel whose variance ") +
+                               "cancels below 0" + dims);
+      }
+      if (channels == 300) hs[channels + 5] = kNaN;
+      const Tensor sumsd = dev(sums);
+
+      const Tensor gamma = rng.tensor({channels}, DType::f32, 0.5f, 1.5f);
+      const Tensor beta = rng.tensor({channels}, DType::f32, -0.5f, 0.5f);
+      const Tensor gammad = dev(gamma), betad = dev(beta);
+      Tensor running_mean = rng.tensor({channels}, DType::f32, kOffset - 0.5f, kOffset + 0.5f);
+      Tensor running_var = rng.tensor({channels}, DType::f32, 0.1f, 2.f);
+      Tensor running_meand = dev(running_mean), running_vard = dev(running_var);
+      const Tensor dy = rng.tensor(shape, DType::f32);
+      for (bool training : {true, false}) {
+        const std::string mode = training ? " training" : " evaluation";
+        // The device's outputs start as noise, so an element left unwritten shows.
+        Tensor mean({channels}, DType::f32), invstd({channels}, DType::f32);
+        Tensor scale({channels}, DType::f32), shift({channels}, DType::f32);
+        Tensor meand = dev(rng.tensor({channels}, DType::f32));
+        Tensor invstdd = dev(rng.tensor({channels}, DType::f32));
+        Tensor scaled = dev(rng.tensor({channels}, DType::f32));
+        Tensor shiftd = dev(rng.tensor({channels}, DType::f32));
+        kernels::batchnorm_forward_coefs(sums, count, training, gamma, beta, running_mean,
+                                         running_var, kMomentum, kEpsilon, mean, invstd, scale,
+                                         shift);
+        kernels::batchnorm_forward_coefs(sumsd, count, training, gammad, betad, running_meand,
+                                         running_vard, kMomentum, kEpsilon, meand, invstdd, scaled,
+                                         shiftd);
+        const std::string forward = "batchnorm_forward_coefs" + mode + dims;
+        h.expect_same_bytes(forward + " mean", meand, mean);
+        h.expect_same_bytes(forward + " invstd", invstdd, invstd);
+        h.expect_same_bytes(forward + " scale", scaled, scale);
+        h.expect_same_bytes(forward + " shift", shiftd, shift);
+        h.expect_same_bytes(forward + " running_mean (in place)", running_meand, running_mean);
+        h.expect_same_bytes(forward + " running_var (in place)", running_vard, running_var);
+
+        // Backward from real sums (sum dy, sum dy xhat) over the host's mean and invstd, given
+        // to both twins, so that a forward mismatch does not spill over.
+        Tensor grad_sums({2 * channels}, DType::f32);
+        kernels::batchnorm_backward_sums(x, dy, channels, mean, invstd, grad_sums);
+        const Tensor grad_sumsd = dev(grad_sums), invstd_in = dev(invstd);
+        for (double backward_count : {count, 0.0}) {
+          Tensor dy_coef({channels}, DType::f32), x_coef({channels}, DType::f32),
+              bias({channels}, DType::f32);
+          Tensor dy_coefd = dev(rng.tensor({channels}, DType::f32));
+          Tensor x_coefd = dev(rng.tensor({channels}, DType::f32));
+          Tensor biasd = dev(rng.tensor({channels}, DType::f32));
+          kernels::batchnorm_backward_coefs(grad_sums, backward_count, gamma, invstd, dy_coef,
+                                            x_coef, bias);
+          kernels::batchnorm_backward_coefs(grad_sumsd, backward_count, gammad, invstd_in, dy_coefd,
+                                            x_coefd, biasd);
+          char counts[40];
+          std::snprintf(counts, sizeof counts, " backward count=%g", backward_count);
+          const std::string backward = "batchnorm_backward_coefs" + mode + counts + dims;
+          h.expect_same_bytes(backward + " dy_coef", dy_coefd, dy_coef);
+          h.expect_same_bytes(backward + " x_coef", x_coefd, x_coef);
+          h.expect_same_bytes(backward + " bias", biasd, bias);
+        }
+      }
+    }
+}
+
+}  // namespace
+
 void case_batchnorm(Harness& h, Random& rng) {
   // BatchNorm1d ([N, C]: 1x1 planes) and 2d planes, one to eight samples, one to 16 channels,
   // the storage dtypes in a Latin square over (samples, channels, plane), the outputs in another.
   // Values near 100 with a spread of 1: E[x^2] - mean^2 cancels about four digits, the case the
   // layer's variance formula must survive. The coefficients are made as nn::BatchNorm makes
-  // them, with batch statistics (training) and with running ones (inference).
+  // them, with batch statistics (training) and with running ones (inference). Then the kernels
+  // that make those coefficients (batchnorm_coefs_cases).
   constexpr double kEpsilon = 1e-5;  // nn::BatchNorm's
   constexpr float kOffset = 100.f;
   const std::int64_t batches[] = {1, 3, 8}, channel_counts[] = {1, 5, 16};
@@ -1254,6 +1359,7 @@ void case_batchnorm(Harness& h, Random& rng) {
                          dx, kExact);
         }
       }
+  batchnorm_coefs_cases(h, rng);
 }
 
 }  // namespace mpt::gpu_test

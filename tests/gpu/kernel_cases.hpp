@@ -53,7 +53,7 @@ void cudnn_pool2d_cases(Harness&, Random&);
 inline constexpr KernelCase kKernelCases[] = {
     {"adamw.hpp", "adamw_update", CaseStatus::cuda, case_adamw},
     {"add.hpp", "add (residual, gradient accumulation)", CaseStatus::cuda, case_add},
-    {"batchnorm.hpp", "batchnorm sums, apply, backward sums and dx", CaseStatus::cuda,
+    {"batchnorm.hpp", "batchnorm sums, apply, backward sums, dx and coefficients", CaseStatus::cuda,
      case_batchnorm},
     {"bias.hpp", "bias_add_forward/backward", CaseStatus::cuda, case_bias},
     {"cast.hpp", "cast, round_and_widen", CaseStatus::cuda, case_cast},
