@@ -298,9 +298,6 @@ int run(int argc, char** argv) {
   MPT_REQUIRE(model == "mlp" || model == "cnn" || model == "resnet-mini",
               "--model '" + model + "' is not a model gpu_bench knows",
               "use mlp, cnn or resnet-mini");
-  MPT_REQUIRE(!graphs || model != "resnet-mini", "--graphs with --model resnet-mini",
-              "its BatchNorm layers compute on the host, which a capture cannot contain: use "
-              "mlp or cnn");
   MPT_REQUIRE(!graphs || warmup >= 1, "--graphs with --warmup 0",
               "the capture needs an eager step first (plans, scratch buffers): --warmup 1 or more");
   MPT_REQUIRE(!graphs || k::graphs_supported(),

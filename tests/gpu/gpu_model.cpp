@@ -412,13 +412,13 @@ int main(int argc, char** argv) {
           check_training_step(harness, rng, c.label, c.spec, c.sample, 70, dtype, tol, 77);
     }
     mpt::nn::set_cuda_conv_path(mpt::nn::CudaConvPath::cudnn);
-    // Whole training steps as CUDA graphs (kernels::StepGraph). Not resnet-mini: its BatchNorm
-    // layers do the per-channel arithmetic on the host (src/nn/batchnorm.cpp copies the sums
-    // over and the coefficients back), which a capture cannot contain. The mlp and the cnn
-    // (conv, ReLU, max pooling, dense; no BN, no dropout) can.
+    // Whole training steps as CUDA graphs (kernels::StepGraph): the mlp, the cnn (conv, ReLU,
+    // max pooling, dense) and resnet-mini (BatchNorm's per-channel arithmetic on the device,
+    // residual blocks, global pooling); none has dropout, whose key changes every step.
     check_graph_step(harness, rng, "mlp", mpt::DType::f32);
     check_graph_step(harness, rng, "mlp", mpt::DType::f16);
     check_graph_step(harness, rng, "cnn", mpt::DType::f16);
+    check_graph_step(harness, rng, "resnet-mini", mpt::DType::f16);
   }
 #ifdef MPTRAIN_HAVE_KOKKOS
   Kokkos::finalize();
