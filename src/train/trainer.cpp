@@ -36,7 +36,6 @@
 #include "kernels/matmul.hpp"
 #include "kernels/softmax_xent.hpp"
 #include "kernels/step_state.hpp"
-#include "kernels/unscale_check.hpp"
 #include "nn/nn.hpp"
 #include "optim/optim.hpp"
 #include "train/checkpointing.hpp"
@@ -1421,10 +1420,13 @@ TrainSummary Trainer::run() {
     window[0] += s.loss_sum;
     window[1] += s.correct;
     const bool loss_finite = std::isfinite(s.loss_sum);
-    MPT_REQUIRE(s.failed_at_min_scale == 0,
-                "gradients overflow even at the minimum loss scale " + std::to_string(s.scale) +
-                    " (--amp.fail-at-min-scale)",
-                "the model diverged: lower --optimizer.lr, or train in bf16/fp32");
+    if (s.failed_at_min_scale != 0) {
+      char scale[32];
+      std::snprintf(scale, sizeof scale, "%g", s.scale);
+      throw_user_error("gradients overflow even at the minimum loss scale " + std::string(scale) +
+                           " at step " + std::to_string(at) + " (--amp.fail-at-min-scale)",
+                       "the model diverged: lower --optimizer.lr, or train in bf16/fp32");
+    }
     if (deferred && !loss_finite) {
       // Without a lag this was handled in the step itself, with the first non-finite layer.
       MPT_REQUIRE(skip_nonfinite_loss,

@@ -81,6 +81,21 @@ assert late["skipped_steps"] >= 1, late
 PYEOF
   pass "late reports: --amp.on-nonfinite-loss=skip skips the same steps as lag 0" ||
   fail "late reports: skip mode differs from lag 0"
+# --amp.fail-at-min-scale: an overflow at the minimum scale ends the run on every rank with one
+# line naming the option, from the step's report, read at once (lag 0) or a step late (lag 1).
+for lag in 0 1; do
+  rc=0
+  MPTRAIN_REPORT_LAG=$lag timeout 60 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" train \
+    --data.train="$TMP/fm/train.h5" --train.precision=fp16 --train.batch-size=32 --train.max-steps=5 \
+    --amp.init-scale=1e30 --amp.min-scale=1e30 --amp.max-scale=1e30 --amp.fail-at-min-scale \
+    --output.dir="$TMP/minscale$lag" >"$TMP/minscale$lag.out" 2>"$TMP/minscale$lag.err" || rc=$?
+  if [ "$rc" -eq 2 ] &&
+      [ "$(grep -c '^mptrain: error:.*gradients overflow even at the minimum loss scale .*(--amp.fail-at-min-scale)' "$TMP/minscale$lag.err")" -ge 1 ]; then
+    pass "lag $lag: an overflow at the minimum scale ends the run: $(grep -m1 '^mptrain: error' "$TMP/minscale$lag.err")"
+  else
+    fail "lag $lag: --amp.fail-at-min-scale (exit $rc)"; cat "$TMP/minscale$lag.err" >&2
+  fi
+done
 rc=0
 MPTRAIN_REPORT_LAG=x timeout 60 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" train \
   --data.train="$TMP/syn/train.h5" --output.dir="$TMP/badlag" >"$TMP/badlag.log" 2>&1 || rc=$?
