@@ -1511,6 +1511,10 @@ TrainSummary Trainer::run() {
         // and forward, loss and backward replay from one graph (captured at the first such
         // step); a short batch runs eagerly. Buckets then all go at wait(): no hook.
         const bool replayed = graphs && step > start_step && samples.dim(0) == batch;
+        // Without a lag the step's loss so far is read on the host, before and after this
+        // micro-batch's (free: host memory), so that the skip line is printed once per step.
+        const bool finite_before =
+            deferred || std::isfinite(kernels::detail::host_step_state("Trainer", step_state).loss_sum);
         if (replayed) {
           kernels::copy(samples, graph_samples);
           kernels::copy(labels, graph_labels);
@@ -1561,8 +1565,8 @@ TrainSummary Trainer::run() {
                                               : " (first non-finite activations: layer " + layer + ")"),
                            "lower --optimizer.lr, check the data, or pass --amp.on-nonfinite-loss=skip");
         }
-        if (!loss_finite) progress.clear();
-        if (!loss_finite)
+        if (!loss_finite && finite_before) progress.clear();
+        if (!loss_finite && finite_before)
           std::printf("step %lld: non-finite loss on %s, step skipped\n", static_cast<long long>(step + 1),
                       process_where().c_str());
         prefetcher.release();  // backward was the last reader of the inputs: refill the slot now
