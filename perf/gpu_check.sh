@@ -269,6 +269,8 @@ fi
 
 stage "summary"
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
+# ratio A B: A / B to two decimals, or n/a when either is missing or not positive.
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 {
   echo "GPU check $(date -u '+%Y-%m-%d %H:%M UTC') on ${gpu_name:-unknown GPU} (CUDA arch $arch)"
   echo "tests/gpu: ${tests_line:-no result} (ctest exit $ctest_rc)"
@@ -285,8 +287,8 @@ field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
         | grep -m1 -E "${conv:+ conv=$conv( |\$)}" | field samples_per_s)
       ours=$(grep "mptrain-kernels model=$name precision=$precision " "$build/gpu_bench.log" | field samples_per_s)
       theirs=$(grep "pytorch model=$name precision=$precision " "$build/pytorch.log" | field samples_per_s)
-      ratio_model=$(awk -v a="$model" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
-      ratio=$(awk -v a="$ours" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
+      ratio_model=$(ratio "$model" "$theirs")
+      ratio=$(ratio "$ours" "$theirs")
       echo "| $name${conv:+ (conv $conv)} | $precision | $batch | ${model:-n/a} | ${ours:-n/a} | ${theirs:-n/a} | $ratio_model | $ratio |"
     done
   done
@@ -301,8 +303,8 @@ field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
     eager=$(grep "mptrain-model model=$name precision=$precision " "$build/gpu_bench.log" \
       | grep -m1 -E "${conv:+ conv=$conv( |\$)}" | field samples_per_s)
     theirs=$(grep "pytorch model=$name precision=$precision " "$build/pytorch.log" | field samples_per_s)
-    ratio_eager=$(awk -v a="$graphs" -v b="$eager" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
-    ratio_torch=$(awk -v a="$graphs" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
+    ratio_eager=$(ratio "$graphs" "$eager")
+    ratio_torch=$(ratio "$graphs" "$theirs")
     echo "| $name (graphs)${conv:+ (conv $conv)} | $precision | $batch | ${graphs:-n/a} | ${eager:-n/a} | $ratio_eager | ${theirs:-n/a} | $ratio_torch |"
   done
   echo
@@ -313,8 +315,8 @@ field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
     model=$(grep "mptrain-model model=mlp precision=$precision " "$build/gpu_bench_big.log" | field samples_per_s)
     ours=$(grep "mptrain-kernels model=mlp precision=$precision " "$build/gpu_bench_big.log" | field samples_per_s)
     theirs=$(grep "pytorch model=mlp precision=$precision " "$build/pytorch_big.log" | field samples_per_s)
-    ratio_model=$(awk -v a="$model" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
-    ratio=$(awk -v a="$ours" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
+    ratio_model=$(ratio "$model" "$theirs")
+    ratio=$(ratio "$ours" "$theirs")
     echo "| mlp | $precision | ${model:-n/a} | ${ours:-n/a} | ${theirs:-n/a} | $ratio_model | $ratio |"
   done
   echo
@@ -324,7 +326,7 @@ field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
     for precision in fp32 fp16 bf16; do
       ours=$(grep "^gemm precision=$precision m=n=k=$size " "$build/gpu_bench.log" | field tflops)
       theirs=$(grep "^torch-gemm precision=$precision m=n=k=$size " "$build/pytorch.log" | field tflops)
-      ratio=$(awk -v a="$ours" -v b="$theirs" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }')
+      ratio=$(ratio "$ours" "$theirs")
       echo "| $size | $precision | ${ours:-n/a} | ${theirs:-n/a} | $ratio |"
     done
   done
