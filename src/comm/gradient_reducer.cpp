@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "comm/watchdog.hpp"
 #include "core/error.hpp"
@@ -98,6 +99,29 @@ GradientReducer::~GradientReducer() {
   if (thread_.joinable()) thread_.join();
 }
 
+void GradientReducer::set_staging(std::unique_ptr<device_memory::Staging> staging) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (launched_ != 0 || finished_ != 0)
+    abort_job("comm::GradientReducer::set_staging: must come before the first step");
+  staging_ = std::move(staging);
+}
+
+bool GradientReducer::launch_until(int count) {
+  // launched_ is written only here and in begin(), both on the main thread: reading it
+  // unlocked is safe. The downloads are queued before the count is published, so the
+  // communication thread never waits for a copy that was not queued yet.
+  const int from = launched_;
+  if (count <= from) return false;
+  if (staging_)
+    for (int b = from; b < count; ++b) {
+      const Range& range = buckets_[static_cast<std::size_t>(b)];
+      staging_->download(b, range.begin, range.end);
+    }
+  std::lock_guard<std::mutex> lock(mutex_);
+  launched_ = count;
+  return true;
+}
+
 void GradientReducer::begin() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (finished_ != launched_)
@@ -112,27 +136,23 @@ void GradientReducer::begin() {
 }
 
 void GradientReducer::ready_from(std::int64_t offset) {
-  bool launched_more = false;
-  {
+  int launched = launched_;  // the main thread's own (launch_until)
+  while (launched < num_buckets() && buckets_[static_cast<std::size_t>(launched)].begin >= offset)
+    ++launched;
+  if (!launch_until(launched)) return;
+  if (launched == num_buckets()) {
+    // Every gradient is final: backward has ended, and what remains is exposed.
     std::lock_guard<std::mutex> lock(mutex_);
-    int launched = launched_;
-    while (launched < num_buckets() && buckets_[static_cast<std::size_t>(launched)].begin >= offset)
-      ++launched;
-    launched_more = launched != launched_;
-    launched_ = launched;
-    if (launched_more && launched == num_buckets()) {
-      // Every gradient is final: backward has ended, and what remains is exposed.
-      all_launched_ = true;
-      all_launched_at_ = std::chrono::steady_clock::now();
-    }
+    all_launched_ = true;
+    all_launched_at_ = std::chrono::steady_clock::now();
   }
-  if (launched_more) work_.notify_one();
+  work_.notify_one();
 }
 
 void GradientReducer::wait() {
   auto start = std::chrono::steady_clock::now();
+  launch_until(num_buckets());
   std::unique_lock<std::mutex> lock(mutex_);
-  if (launched_ < num_buckets()) launched_ = num_buckets();
   // Exposed time counts from the end of backward (the last ready_from, when that launched the
   // last bucket), not from this call: on a machine with no core to spare, the woken
   // communication thread can take the main thread's core in between, and that delay is
@@ -144,6 +164,8 @@ void GradientReducer::wait() {
     caller_reduces_ = false;
   }
   done_.wait(lock, [&] { return finished_ == num_buckets(); });
+  // Every upload was queued before the last bucket counted as finished (under the lock).
+  if (staging_) staging_->join();
   const auto end = std::chrono::steady_clock::now();
   exposed_seconds_ = seconds_between(start, end);
   // The buckets' waits for late peers, where they fall inside the exposed interval.
@@ -171,14 +193,18 @@ void GradientReducer::run_collective(const std::function<void()>& fn) {
 void GradientReducer::reduce_next(std::unique_lock<std::mutex>& lock) {
   const Range range = buckets_[static_cast<std::size_t>(finished_)];
   const int bucket = finished_;
-  auto* const base = static_cast<unsigned char*>(grads_.raw());
+  // Staged: the bucket is reduced in the host twin, between its download and its upload (both
+  // inside the bucket's span: staging is part of what the bucket costs).
+  auto* const base = static_cast<unsigned char*>(staging_ ? staging_->host() : grads_.raw());
   const auto element_bytes = static_cast<std::int64_t>(dtype_size(grads_.dtype()));
   lock.unlock();
   const auto start = std::chrono::steady_clock::now();
+  if (staging_) staging_->wait_downloaded(bucket);
   {
     const CollectiveScope scope(Collective::gradient_bucket, bucket);
     allreducer_->allreduce(base + range.begin * element_bytes, range.size(), grads_.dtype());
   }
+  if (staging_) staging_->upload(range.begin, range.end);
   const auto end = std::chrono::steady_clock::now();
   lock.lock();
   spans_[static_cast<std::size_t>(bucket)] = {start, end, allreducer_->last_peer_wait(),

@@ -15,6 +15,7 @@
 
 #include "comm/allreduce.hpp"
 #include "comm/topology.hpp"
+#include "core/device_memory.hpp"
 #include "core/tensor.hpp"
 
 namespace mpt::comm {
@@ -59,12 +60,21 @@ class GradientReducer {
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
 
+  // From now on the buckets are reduced in STAGING's host twin of GRADS, not in GRADS (device
+  // memory): a bucket's download is queued when it is launched, the communication thread waits
+  // for that copy alone, reduces the bucket in host memory and queues its upload, and wait()
+  // ends with STAGING's join(). STAGING must tell num_buckets() slots apart. Call before the
+  // first begin(). (A SHARED buffer then goes unused: the twin is not in it.)
+  void set_staging(std::unique_ptr<device_memory::Staging> staging);
+  bool staged() const { return staging_ != nullptr; }
+
   // Starts a step: no bucket launched yet. Call before backward.
   void begin();
   // GRADS[OFFSET, end) are final for this step: launches every bucket inside that range that is
   // not launched yet. Cheap (a lock and a notify); call it from backward's per-layer hook.
   void ready_from(std::int64_t offset);
-  // Launches the remaining buckets and blocks until every bucket of the step is reduced. When
+  // Launches the remaining buckets and blocks until every bucket of the step is reduced (staged:
+  // until every bucket is queued for its upload, which the compute stream then waits for). When
   // the communication thread has not started on the remaining buckets yet (it is asleep, or has
   // not got a core since it was woken), the calling thread reduces them itself: the tail of a
   // step then pays no hand-off to another thread (serialized with the thread: MPI is still
@@ -102,6 +112,10 @@ class GradientReducer {
 
  private:
   void thread_main();
+  // Makes buckets [launched_, COUNT) launched: their downloads first (staged), then, under the
+  // lock, the count the communication thread reads. Only the main thread calls it. True when
+  // it launched any.
+  bool launch_until(int count);
   // Reduces bucket finished_ (LOCK held on entry and on return, released around the call) and
   // counts it finished.
   void reduce_next(std::unique_lock<std::mutex>& lock);
@@ -109,6 +123,7 @@ class GradientReducer {
   Tensor grads_;  // a handle on the caller's buffer (shares its storage)
   std::vector<Range> buckets_;
   std::unique_ptr<Allreducer> allreducer_;  // built on the constructing thread, used on thread_
+  std::unique_ptr<device_memory::Staging> staging_;  // null: the buckets are reduced in grads_
 
   std::mutex mutex_;
   std::condition_variable work_;                       // the communication thread waits here

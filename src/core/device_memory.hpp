@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "core/arena.hpp"
@@ -73,6 +74,31 @@ class CopyQueue {
  private:
   void* stream_ = nullptr;  // cudaStream_t
   int device_ = 0;
+};
+
+// A device buffer's twin in host memory, for an all-reduce that runs on the host (the MPI
+// backends under a cuda model), moved range by range (comm::GradientReducer's buckets) so that
+// the copies overlap the compute and the other ranges' all-reduce. Ranges are element ranges
+// [BEGIN, END) of the buffer; slots name a download for wait_downloaded() (0 <= SLOT < the
+// implementation's slot count). The contract, which a device implementation meets with two
+// copy streams and events (kernels/staging.hpp), and a host one with copies at once:
+class Staging {
+ public:
+  virtual ~Staging() = default;
+  // The host twin, laid out as the buffer.
+  virtual void* host() = 0;
+  // Queues the range's copy into host() after the compute work queued so far (which wrote it),
+  // without the host waiting. From the thread that queues that work.
+  virtual void download(int slot, std::int64_t begin, std::int64_t end) = 0;
+  // Blocks until SLOT's last download has landed in host(). Any thread.
+  virtual void wait_downloaded(int slot) = 0;
+  // Queues the range's copy from host() back into the buffer. Any thread, once the range's
+  // download was waited for; the host may not write the range of host() again before join().
+  virtual void upload(std::int64_t begin, std::int64_t end) = 0;
+  // Compute work queued from now on runs after every upload issued before this call (which must
+  // happen-before it), without the host waiting; later downloads come after them too. From the
+  // thread that queues the compute work.
+  virtual void join() = 0;
 };
 
 // A small result read back without stalling the device (the training step's state): start()

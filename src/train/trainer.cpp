@@ -35,6 +35,7 @@
 #include "kernels/graph.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/softmax_xent.hpp"
+#include "kernels/staging.hpp"
 #include "kernels/step_state.hpp"
 #include "nn/nn.hpp"
 #include "optim/optim.hpp"
@@ -571,9 +572,25 @@ std::shared_ptr<comm::SharedBuffer> share_gradients(nn::Model& model, const comm
   return shared;
 }
 
+// Whether the gradients are all-reduced through a host twin (kernels::HostStaging), bucket by
+// bucket: for a cuda model under the host backends (MPI reads host memory; the nccl backend
+// reduces device memory in place), and on the cpu where MPTRAIN_STAGE_GRADIENTS=1 asks, so that
+// the CPU tests run the cuda pipeline's staging (tests/app/device.sh). Throws UserError naming
+// the variable for a value other than 0 or 1.
+bool stages_gradients(Device device, const comm::AllreduceConfig& allreduce) {
+  const char* text = std::getenv("MPTRAIN_STAGE_GRADIENTS");
+  const bool asked = text != nullptr && std::strcmp(text, "1") == 0;
+  MPT_REQUIRE(text == nullptr || !*text || asked || std::strcmp(text, "0") == 0,
+              std::string("MPTRAIN_STAGE_GRADIENTS is '") + text + "', but must be 0 or 1",
+              "unset it: a cuda run stages its gradients for the host all-reduce by itself");
+  if (comm::uses_nccl(allreduce)) return false;
+  return device != Device::cpu || asked;
+}
+
 // Whether the training loop runs on a cuda device. It does (docs/gpu.md): the prefetcher
 // delivers the batches there, loss, gradient accumulation and optimizer run there, the nccl
-// backend all-reduces the gradients in place (the host backends get a staged host copy),
+// backend all-reduces the gradients in place (the host backends reduce a pinned host twin,
+// bucket by bucket: stages_gradients),
 // sync-BN's per-channel sums go through the host as BatchNorm's arithmetic does, checkpoints and
 // evaluation go through host copies. Setting this to false keeps --device=auto on the cpu and
 // refuses --device=cuda after the device checks.
@@ -978,22 +995,22 @@ TrainSummary Trainer::run() {
   const auto mib = [](double megabytes) {
     return static_cast<std::int64_t>(megabytes * (1 << 20));
   };
-  const std::shared_ptr<comm::SharedBuffer> shared_grads =
-      share_gradients(*model, topology, allreduce);
-  // On the cuda device the nccl backend reduces the device gradients in place. The host
-  // backends work on a host copy of them instead, planned once: backward's gradients are copied
-  // into it, reduced, and copied back. Either way no overlap there (the buckets go after
-  // backward), whatever --comm.overlap says.
+  // On the cuda device the nccl backend reduces the device gradients in place, after backward.
+  // The host backends reduce a pinned host twin of them (stages_gradients), planned once: each
+  // bucket is copied down as backward finishes it, reduced, and copied back, with no host wait
+  // for the compute stream, so buckets overlap backward as they do on the host.
   const bool on_cuda = model->device() != Device::cpu;
-  const bool staged = on_cuda && !comm::uses_nccl(allreduce);
-  Tensor staged_grads = staged ? Tensor(model->grads().shape(), model->grads().dtype()) : Tensor();
-  Tensor& reduced_grads = staged ? staged_grads : model->grads();
-  state_->reducer.emplace(topology, allreduce, reduced_grads, model->param_offsets(),
+  const bool staged = stages_gradients(model->device(), allreduce);
+  const std::shared_ptr<comm::SharedBuffer> shared_grads =
+      staged ? nullptr : share_gradients(*model, topology, allreduce);
+  state_->reducer.emplace(topology, allreduce, model->grads(), model->param_offsets(),
                           mib(config.comm.bucket_mb), mib(config.comm.first_bucket_mb),
                           shared_grads);
   comm::GradientReducer& reducer = *state_->reducer;
-  // auto, for a library caller: on (on the host)
-  const bool overlap = config.comm.overlap != "off" && !on_cuda;
+  if (staged)
+    reducer.set_staging(std::make_unique<kernels::HostStaging>(model->grads(), reducer.num_buckets()));
+  // auto, for a library caller: on (on the host, and staged on cuda)
+  const bool overlap = config.comm.overlap != "off" && (!on_cuda || staged);
 
   if (root) {
     std::printf("mptrain %s: %d rank(s), model %s (%lld parameters), batch %lld per rank, global %lld, "
@@ -1012,14 +1029,16 @@ TrainSummary Trainer::run() {
                   shared_grads ? " on registered gradients" : "", topology.num_nodes(),
                   topology.num_shards());
     std::printf(", wire %s, %d bucket(s)", dtype_name(allreduce.wire), reducer.num_buckets());
+    if (staged)
+      std::printf(" staged through %s", on_cuda ? "pinned host memory"
+                                                : "a host twin (MPTRAIN_STAGE_GRADIENTS=1)");
     if (config.comm.bucket_mb > 0)
       std::printf(" (%g MiB, first %g MiB)", config.comm.bucket_mb, config.comm.first_bucket_mb);
     else
       std::printf(" (one bucket after backward)");
     std::printf(", overlap %s", overlap ? "on"
-                                : staged  ? "off (gradients staged from the cuda device after backward)"
-                                : on_cuda ? "off (device gradients all-reduced by NCCL after backward)"
-                                          : "off (buckets after backward)");
+                                : on_cuda && !staged ? "off (device gradients all-reduced by NCCL after backward)"
+                                                     : "off (buckets after backward)");
     std::printf("\n");
     if (config.model.print) std::printf("%s", model->summary().c_str());
     std::fflush(stdout);
@@ -1581,8 +1600,7 @@ TrainSummary Trainer::run() {
           // gradients can still be written; every bucket goes at wait().
           if (accumulating) add_accumulated(0);
           if (deferred) kernels::poison_if_nonfinite_loss(grads, step_state);
-          if (staged) kernels::copy(grads, staged_grads);  // to the host, for the all-reduce
-          if (must_poison) poison(reduced_grads);
+          if (must_poison) poison(grads);
         }
         window_backward += seconds_since(backward_start);
         if (timeline) {
@@ -1600,7 +1618,6 @@ TrainSummary Trainer::run() {
       const auto wait_called = Clock::now();
       comm::set_phase(comm::Phase::allreduce);
       reducer.wait();
-      if (staged) kernels::copy(staged_grads, grads);  // the all-reduced sum, back to the device
       window_comm += reducer.last_comm_seconds();
       window_exposed += reducer.last_exposed_seconds();
       total_comm += reducer.last_comm_seconds();

@@ -111,20 +111,30 @@ else
   fail "async/keep: kept '$kept'"; cat "$TMP/bit-fp32-async/second/log" >&2
 fi
 
-# ---- the step's state read back late --------------------------------------------------------
-# The cuda pipeline on the host (src/train/step_reports.hpp): with MPTRAIN_REPORT_LAG=2 the
+# ---- the cuda pipeline on the host ----------------------------------------------------------
+# The step's state read back late (src/train/step_reports.hpp): with MPTRAIN_REPORT_LAG=2 the
 # host reads each step's verdict two steps late and never the loss inside a step. It must train
 # bit for bit as lag 0 does: fp16 AdamW with clipping, accumulation, warmup and a loss scale
 # that starts far too high (overflow skips, hysteresis, backoff, growth), and SGD with
 # Nesterov in bf16; the second is also stopped and resumed under the lag.
-lag_case() {  # lag_case NAME STOP_RANK STOP_STEP TOTAL ARGS...
-  local name=$1 rank=$2 stop=$3 total=$4; shift 4
-  local w="$TMP/lag-$name" args
-  args=(--train.max-steps="$total" --train.epochs=9 "$@")
+# The gradients staged through a host twin, bucket by bucket, as on cuda under the MPI backends
+# (kernels/staging.hpp, MPTRAIN_STAGE_GRADIENTS=1), with the late reports: the same, with many
+# buckets overlapping backward, a rank's NaN carried through the staged buckets, and sync BN's
+# collectives queued between them.
+pipeline_case() {  # pipeline_case NAME "VAR=VALUE ..." STOP_RANK STOP_STEP TOTAL ARGS...
+  local name=$1 envs=$2 rank=$3 stop=$4 total=$5; shift 5
+  local w="$TMP/pipeline-$name" args=(--train.max-steps="$total" --train.epochs=9) arg
   # A step line drains the reports: log every 5 steps, so that the lag is a lag between them.
   local COMMON=("${COMMON[@]/--train.log-every=1/--train.log-every=5}")
+  for arg in "$@"; do  # a model of the case's own replaces the common one
+    case $arg in
+      --model.layers=*) COMMON=("${COMMON[@]/--model.layers=*/$arg}") ;;
+      *) args+=("$arg") ;;
+    esac
+  done
+  # shellcheck disable=SC2086  # ENVS is a list of assignments
   if ! train 2 "$w/now" "${args[@]}" --checkpoint.dir="$w/ckpt-now" ||
-      ! MPTRAIN_REPORT_LAG=2 train 2 "$w/late" "${args[@]}" --checkpoint.dir="$w/ckpt-late"; then
+      ! (export $envs; train 2 "$w/late" "${args[@]}" --checkpoint.dir="$w/ckpt-late"); then
     fail "$name: a run failed"; cat "$w/now/log" "$w/late/log" >&2; return
   fi
   local records
@@ -142,34 +152,60 @@ for k in ("steps", "final_train_loss", "loss_scale", "skipped_steps", "test_loss
 print(len(now), "step records,", s[0]["skipped_steps"], "skipped steps")
 PY
   ); then
-    fail "$name: the step records differ with the lag"; return
+    fail "$name: the step records differ with $envs"; return
   fi
   if ! cmp -s <(grep "gradient overflow" "$w/now/log") <(grep "gradient overflow" "$w/late/log"); then
     fail "$name: the overflow lines differ"; diff <(grep overflow "$w/now/log") <(grep overflow "$w/late/log") >&2
     return
   fi
   if ! same_state "$w/ckpt-now/ckpt-$total.h5" "$w/ckpt-late/ckpt-$total.h5" >"$w/same.log" 2>&1; then
-    fail "$name: the final checkpoints differ with the lag"; cat "$w/same.log" >&2; return
+    fail "$name: the final checkpoints differ with $envs"; cat "$w/same.log" >&2; return
   fi
   if [ "$stop" -gt 0 ]; then
-    if ! MPTRAIN_REPORT_LAG=2 MPTRAIN_FAULT="stop-signal:$rank:$stop" train 2 "$w/first" "${args[@]}"           --checkpoint.dir="$w/ckpt" ||
-        ! MPTRAIN_REPORT_LAG=2 train 2 "$w/second" "${args[@]}" --checkpoint.dir="$w/ckpt" --resume=auto ||
+    # shellcheck disable=SC2086
+    if ! (export $envs; MPTRAIN_FAULT="stop-signal:$rank:$stop" train 2 "$w/first" "${args[@]}" --checkpoint.dir="$w/ckpt") ||
+        ! (export $envs; train 2 "$w/second" "${args[@]}" --checkpoint.dir="$w/ckpt" --resume=auto) ||
         ! same_state "$w/ckpt-now/ckpt-$total.h5" "$w/ckpt/ckpt-$total.h5" >"$w/same-split.log" 2>&1; then
-      fail "$name: stopped at $stop and resumed under the lag, the final state differs"
+      fail "$name: stopped at $stop and resumed under $envs, the final state differs"
       cat "$w/first/log" "$w/second/log" "$w/same-split.log" >&2; return
     fi
   fi
-  pass "$name: lag 2 trains as lag 0 ($records, $(grep -c "gradient overflow" "$w/now/log") overflow lines; $(cat "$w/same.log"))"
+  pass "$name: $envs trains as without ($records, $(grep -c "gradient overflow" "$w/now/log") overflow lines; $(cat "$w/same.log"))"
 }
-lag_case fp16-adamw-clip 0 0 20 --train.precision=fp16 --optimizer.name=adamw --optimizer.lr=0.002 \
-  --optimizer.clip-norm=0.5 --train.accumulate=2 --schedule.name=cosine --schedule.warmup-steps=4 \
-  --amp.init-scale=1e12 --amp.max-scale=1e12 --amp.backoff-factor=0.01 --amp.hysteresis=2 \
-  --amp.growth-interval=3
-if [ "$(grep -c "gradient overflow" "$TMP/lag-fp16-adamw-clip/late/log" || true)" -lt 2 ]; then
+pipeline_case fp16-adamw-clip MPTRAIN_REPORT_LAG=2 0 0 20 --train.precision=fp16 \
+  --optimizer.name=adamw --optimizer.lr=0.002 --optimizer.clip-norm=0.5 --train.accumulate=2 \
+  --schedule.name=cosine --schedule.warmup-steps=4 --amp.init-scale=1e12 --amp.max-scale=1e12 \
+  --amp.backoff-factor=0.01 --amp.hysteresis=2 --amp.growth-interval=3
+if [ "$(grep -c "gradient overflow" "$TMP/pipeline-fp16-adamw-clip/late/log" || true)" -lt 2 ]; then
   fail "fp16-adamw-clip: expected overflow skips from a loss scale of 1e12"
 fi
-lag_case bf16-sgd-resume 1 9 16 --train.precision=bf16 --optimizer.momentum=0.9 --optimizer.nesterov \
-  --schedule.name=step --schedule.step-size=5 --optimizer.lr=0.05
+pipeline_case bf16-sgd-resume MPTRAIN_REPORT_LAG=2 1 9 16 --train.precision=bf16 \
+  --optimizer.momentum=0.9 --optimizer.nesterov --schedule.name=step --schedule.step-size=5 \
+  --optimizer.lr=0.05
+# 17 KiB buckets: 5 of them for the 66 KiB of f32 gradients, 9 for a 16-bit wire's.
+STAGED=(--comm.bucket-mb=0.016 --comm.first-bucket-mb=0.008 --comm.overlap=on)
+pipeline_case staged-fp16 "MPTRAIN_STAGE_GRADIENTS=1 MPTRAIN_REPORT_LAG=1" 0 8 16 "${STAGED[@]}" \
+  --train.precision=fp16 --optimizer.name=adamw --optimizer.lr=0.002 --optimizer.clip-norm=0.5 \
+  --train.accumulate=2 --amp.init-scale=1e9 --amp.growth-interval=3
+if ! grep -q "bucket(s) staged through a host twin" "$TMP/pipeline-staged-fp16/late/log" ||
+    grep -q "staged through" "$TMP/pipeline-staged-fp16/now/log"; then
+  fail "staged-fp16: the run line does not say which run staged its gradients"
+fi
+MPTRAIN_FAULT=nan-grad:1:5 pipeline_case staged-nan "MPTRAIN_STAGE_GRADIENTS=1" 0 0 12 \
+  "${STAGED[@]}" --comm.wire-dtype=fp16 --optimizer.momentum=0.9
+if ! grep -q '"skipped_steps": 1' "$TMP/pipeline-staged-nan/late/summary.json"; then
+  fail "staged-nan: rank 1's NaN at step 5 did not skip one step everywhere"
+fi
+pipeline_case staged-syncbn "MPTRAIN_STAGE_GRADIENTS=1" 0 0 15 "${STAGED[@]}" \
+  --model.layers=conv:8:3:pad=1,bn,relu,maxpool:2,flatten,dense:10 --model.sync-bn=true
+rc=0
+MPTRAIN_STAGE_GRADIENTS=yes train 2 "$TMP/stage-bad" --train.max-steps=2 || rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] &&
+    [ "$(grep -c "error: .*MPTRAIN_STAGE_GRADIENTS is 'yes', but must be 0 or 1" "$TMP/stage-bad/log")" -ge 1 ]; then
+  pass "a bad MPTRAIN_STAGE_GRADIENTS is one error line (exit $rc)"
+else
+  fail "bad MPTRAIN_STAGE_GRADIENTS (exit $rc)"; cat "$TMP/stage-bad/log" >&2
+fi
 
 # ---- timed stops and checkpoints ----------------------------------------------------------------
 timed_case() {  # timed_case NAME EXPECTED_LINE ARGS... (a slow run: 30 ms per batch read)

@@ -8,7 +8,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -162,7 +164,88 @@ struct Case {
   Algorithm algorithm;
   int ranks_per_node;
   bool registered = false;  // the gradients in a SharedBuffer that the all-reduce reads
+  bool staged = false;      // reduced in a host twin (DeferredStaging), as for cuda gradients
 };
+
+// A staging that behaves as a device's does (kernels::HostStaging on cuda), on host memory, and
+// checks the order of the reducer's calls. A download lands only when it is waited for, and an
+// upload only at join(): a bucket reduced before its copy landed reads the twin's NaN, and a
+// step that never joins keeps the local values, so either shows as a wrong sum. After a join the
+// twin is NaN again, so no step can live on the last one's copies.
+class DeferredStaging final : public device_memory::Staging {
+ public:
+  DeferredStaging(Tensor& data, const GradientReducer& reducer)
+      : data_(static_cast<unsigned char*>(data.raw())),
+        element_(dtype_size(data.dtype())),
+        twin_(static_cast<std::size_t>(data.numel()) * element_),
+        reducer_(reducer),
+        state_(static_cast<std::size_t>(reducer.num_buckets()), State::idle) {
+    poison_twin();
+  }
+  void* host() override { return twin_.data(); }
+  void download(int slot, std::int64_t begin, std::int64_t end) override {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    ASSERT_TRUE(slot >= 0 && slot < reducer_.num_buckets()) << slot;
+    EXPECT_EQ(begin, reducer_.bucket(slot).begin);
+    EXPECT_EQ(end, reducer_.bucket(slot).end);
+    EXPECT_EQ(state_[static_cast<std::size_t>(slot)], State::idle) << "bucket " << slot << " downloaded twice";
+    state_[static_cast<std::size_t>(slot)] = State::downloading;
+  }
+  void wait_downloaded(int slot) override {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    ASSERT_TRUE(slot >= 0 && slot < reducer_.num_buckets()) << slot;
+    EXPECT_EQ(state_[static_cast<std::size_t>(slot)], State::downloading)
+        << "bucket " << slot << " waited for without a download";
+    const Range& range = reducer_.bucket(slot);
+    std::memcpy(twin_.data() + offset(range.begin), data_ + offset(range.begin), offset(range.size()));
+    state_[static_cast<std::size_t>(slot)] = State::downloaded;
+  }
+  void upload(std::int64_t begin, std::int64_t end) override {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    int slot = -1;
+    for (int b = 0; b < reducer_.num_buckets(); ++b)
+      if (reducer_.bucket(b).begin == begin && reducer_.bucket(b).end == end) slot = b;
+    ASSERT_GE(slot, 0) << "upload of [" << begin << ", " << end << "), not a bucket";
+    EXPECT_EQ(state_[static_cast<std::size_t>(slot)], State::downloaded)
+        << "bucket " << slot << " uploaded before its download landed";
+    state_[static_cast<std::size_t>(slot)] = State::uploaded;
+  }
+  void join() override {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (int b = 0; b < reducer_.num_buckets(); ++b) {
+      EXPECT_EQ(state_[static_cast<std::size_t>(b)], State::uploaded) << "join before bucket " << b;
+      const Range& range = reducer_.bucket(b);
+      std::memcpy(data_ + offset(range.begin), twin_.data() + offset(range.begin), offset(range.size()));
+      state_[static_cast<std::size_t>(b)] = State::idle;
+    }
+    poison_twin();
+    ++joins_;
+  }
+  int joins() const { return joins_; }
+
+ private:
+  enum class State { idle, downloading, downloaded, uploaded };
+  std::size_t offset(std::int64_t elements) const { return static_cast<std::size_t>(elements) * element_; }
+  void poison_twin() { std::memset(twin_.data(), 0xff, twin_.size()); }  // NaN in f32 and f16
+
+  unsigned char* data_;
+  std::size_t element_;
+  std::vector<unsigned char> twin_;
+  const GradientReducer& reducer_;
+  std::mutex mutex_;
+  std::vector<State> state_;
+  int joins_ = 0;
+};
+
+// Stages REDUCER's buckets through a DeferredStaging of GRADS when case C asks; returns it (or
+// null) to count the joins.
+DeferredStaging* stage_if(const Case& c, GradientReducer& reducer, Tensor& grads) {
+  if (!c.staged) return nullptr;
+  auto staging = std::make_unique<DeferredStaging>(grads, reducer);
+  DeferredStaging* raw = staging.get();
+  reducer.set_staging(std::move(staging));
+  return raw;
+}
 
 // The case's algorithm over TOPOLOGY, with shm inside nodes where the ranks share memory.
 AllreduceConfig config_for(const Case& c, const Topology& topology) {
@@ -239,6 +322,7 @@ TEST_P(ReducerCases, BucketedEqualsOneFlatAllreduceForAnyBucketSize) {
     };
     GradientReducer reducer(topology, config, grads, kOffsets, bucket_bytes, bucket_bytes / 2,
                             shared);
+    const DeferredStaging* staging = stage_if(c, reducer, grads);
     const auto expected_buckets = plan_buckets(kCount, static_cast<std::int64_t>(dtype_size(dtype)),
                                                kOffsets, bucket_bytes, bucket_bytes / 2);
     ASSERT_EQ(reducer.num_buckets(), static_cast<int>(expected_buckets.size()));
@@ -270,6 +354,9 @@ TEST_P(ReducerCases, BucketedEqualsOneFlatAllreduceForAnyBucketSize) {
                           << step;
       EXPECT_GE(reducer.last_comm_seconds(), 0);
       EXPECT_GE(reducer.last_exposed_seconds(), 0);
+      if (staging) {
+        EXPECT_EQ(staging->joins(), step + 1);
+      }
     }
   }
 }
@@ -289,6 +376,7 @@ TEST_P(ReducerCases, CutParametersLaunchOnlyOnceFinal) {
   float* g = w.grads.data<float>();
   GradientReducer reducer(w.topology, w.config, w.grads, offsets, kMinSplitBucketBytes,
                           kMinSplitBucketBytes, w.shared);
+  stage_if(GetParam(), reducer, w.grads);
   ASSERT_GT(reducer.num_buckets(), 5);  // 390 KB in 64 KiB buckets
   for (int step = 0; step < 2; ++step) {
     for (std::int64_t i = 0; i < count; ++i) g[i] = std::nanf("");
@@ -314,6 +402,7 @@ TEST_P(ReducerCases, WaitWithoutBackwardReducesEverything) {
   const int rank = w.rank;
   Tensor& grads = w.grads;
   GradientReducer reducer(w.topology, w.config, grads, kOffsets, 1, 1, w.shared);
+  stage_if(GetParam(), reducer, grads);
   std::vector<float> expected(kCount);
   for (std::int64_t i = 0; i < kCount; ++i)
     grads.data<float>()[i] = expected[i] = local_value(rank, i);
@@ -367,12 +456,15 @@ INSTANTIATE_TEST_SUITE_P(
     Algorithms, ReducerCases,
     ::testing::Values(Case{Algorithm::flat_mpi, 0}, Case{Algorithm::hierarchical, 0},
                       Case{Algorithm::hierarchical, 1}, Case{Algorithm::hierarchical, 2},
-                      Case{Algorithm::hierarchical, 0, true}, Case{Algorithm::hierarchical, 2, true}),
+                      Case{Algorithm::hierarchical, 0, true}, Case{Algorithm::hierarchical, 2, true},
+                      Case{Algorithm::flat_mpi, 0, false, true},
+                      Case{Algorithm::hierarchical, 2, false, true}),
     [](const auto& info) {
-      return std::string(algorithm_name(info.param.algorithm)) == "flat-mpi"
-                 ? std::string("flat")
-                 : "hierarchical_k" + std::to_string(info.param.ranks_per_node) +
-                       (info.param.registered ? "_registered" : "");
+      return (std::string(algorithm_name(info.param.algorithm)) == "flat-mpi"
+                  ? std::string("flat")
+                  : "hierarchical_k" + std::to_string(info.param.ranks_per_node) +
+                        (info.param.registered ? "_registered" : "")) +
+             (info.param.staged ? "_staged" : "");
     });
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "kernels/scale.hpp"
 #include "kernels/sgd.hpp"
 #include "kernels/softmax_xent.hpp"
+#include "kernels/staging.hpp"
 #include "kernels/step_state.hpp"
 #include "kernels/transpose.hpp"
 #include "kernels/unscale_check.hpp"
@@ -1049,6 +1050,40 @@ void case_transpose(Harness& h, Random& rng) {
     kernels::transpose_columns(a, b.begin, at);
     kernels::transpose_columns(dev(a), b.begin, atd);
     h.expect_same_bytes(label, atd, at);
+  }
+}
+
+void case_staging(Harness& h, Random& rng) {
+  // The trainer's staged all-reduce in miniature, on the device and on the host: kernels write
+  // the data, two ranges go down in two slots, the host changes the twin (the "all-reduce"),
+  // the ranges go back up, and kernels after join() read them. Twice, reusing the twin. The
+  // device tensor is large and scaled repeatedly first, so that a download that did not wait
+  // for the compute stream, or a kernel that did not wait for the uploads, would see old values.
+  constexpr std::int64_t kLarge = std::int64_t{1} << 23, kHalf = kLarge / 2 + 7;
+  const Tensor x = rng.tensor({kLarge}, DType::f32);
+  Tensor on_device = dev(x), on_host = x.to(Device::cpu);
+  kernels::HostStaging device_staging(on_device, 2), host_staging(on_host, 2);
+  const auto step = [&](Tensor& data, kernels::HostStaging& staging) {
+    for (int i = 0; i < 16; ++i) kernels::scale_inplace(data, i % 2 ? 0.5f : 2.f);
+    kernels::scale_inplace(data, 3.f);
+    staging.download(0, kHalf, kLarge);
+    staging.download(1, 0, kHalf);
+    staging.wait_downloaded(1);
+    staging.wait_downloaded(0);
+    float* twin = static_cast<float*>(staging.host());
+    for (std::int64_t i = 0; i < kLarge; ++i) twin[i] = twin[i] * 2.f + 1.f;
+    staging.upload(0, kHalf);
+    staging.upload(kHalf, kLarge);
+    staging.join();
+    kernels::scale_inplace(data, 0.25f);
+  };
+  for (int round = 1; round <= 2; ++round) {
+    step(on_device, device_staging);
+    step(on_host, host_staging);
+    h.expect_same_bytes("HostStaging: round " + std::to_string(round) + ", device = host",
+                        on_device, on_host);
+    h.expect_same_bytes("HostStaging: round " + std::to_string(round) + ", the twins agree",
+                        device_staging.host_tensor(), host_staging.host_tensor());
   }
 }
 

@@ -42,6 +42,7 @@ void case_relu(Harness&, Random&);
 void case_scale(Harness&, Random&);
 void case_sgd(Harness&, Random&);
 void case_softmax_xent(Harness&, Random&);
+void case_staging(Harness&, Random&);
 void case_step_state(Harness&, Random&);
 void case_transpose(Harness&, Random&);
 void case_unscale_check(Harness&, Random&);
@@ -72,6 +73,8 @@ inline constexpr KernelCase kKernelCases[] = {
     {"scale.hpp", "scale_inplace", CaseStatus::cuda, case_scale},
     {"sgd.hpp", "sgd_update", CaseStatus::cuda, case_sgd},
     {"softmax_xent.hpp", "softmax_xent_forward(_backward)", CaseStatus::cuda, case_softmax_xent},
+    {"staging.hpp", "HostStaging: downloads after the compute stream, uploads before it",
+     CaseStatus::cuda, case_staging},
     {"step_state.hpp",
      "begin_step, softmax_xent_step, poison, unscale_and_check_step, decide_step, clip_grad_norm",
      CaseStatus::cuda, case_step_state},
