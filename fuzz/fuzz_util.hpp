@@ -66,10 +66,12 @@ class Scratch {
       std::abort();
     }
     dir_ = pattern;
-    std::atexit([] {
-      std::error_code error;
-      std::filesystem::remove_all(Scratch::get().dir_, error);
-    });
+  }
+  // At exit, as the function-local static it is. (An atexit handler registered in the
+  // constructor ran after this destructor, on a destroyed path, and left the directory behind.)
+  ~Scratch() {
+    std::error_code error;
+    std::filesystem::remove_all(dir_, error);
   }
   std::filesystem::path dir_;
 };

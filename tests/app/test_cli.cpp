@@ -12,8 +12,21 @@
 namespace mpt::app {
 namespace {
 
+// This process's directory of INI files, removed when the tests end.
+const std::filesystem::path& ini_dir() {
+  static const struct Dir {
+    std::filesystem::path path =
+        std::filesystem::temp_directory_path() / ("mpt-cli-" + std::to_string(getpid()));
+    ~Dir() {
+      std::error_code error;
+      std::filesystem::remove_all(path, error);
+    }
+  } dir;
+  return dir.path;
+}
+
 std::string write_ini(const std::string& name, const std::string& text) {
-  const auto dir = std::filesystem::temp_directory_path() / ("mpt-cli-" + std::to_string(getpid()));
+  const auto& dir = ini_dir();
   std::filesystem::create_directories(dir);
   const auto path = (dir / name).string();
   std::ofstream(path) << text;
