@@ -224,6 +224,31 @@ PY
           printf "trainer model=%s final_train_loss cuda=%s cuda+graphs=%s\n", m, loss["cuda"], loss["cuda+graphs"]
       }' "$build/trainer.log" | tee -a "$build/trainer.log"
   done
+  # Two ranks on the one GPU: NCCL refuses that, so the all-reduce stays on the host backends and
+  # stages the device gradients bucket by bucket through pinned memory (kernels/staging.hpp),
+  # overlapping backward (1 MiB buckets: several for the mlp). Beside the same two ranks on the
+  # cpu: the same data and seed, so the final losses should agree to a few digits.
+  for device in cpu cuda; do
+    run=$build/trainer-mlp-np2-$device
+    rc=0
+    timeout 60 mpiexec -n 2 --oversubscribe "$build/mptrain" train --data.train="$data/train.h5" \
+      --data.test="$data/test.h5" --model.name=mlp --train.max-steps=40 --train.batch-size=128 \
+      --device="$device" --comm.bucket-mb=1 --comm.overlap=on --output.dir="$run" \
+      --output.overwrite --output.progress=lines > "$run.log" 2>&1 || rc=$?
+    grep -m1 -E "^allreduce" "$run.log"
+    if [[ $rc -eq 0 && -f $run/summary.json ]]; then
+      "$python" - "$run/summary.json" "$device" <<'PY' 2>&1 | tee -a "$build/trainer.log"
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"trainer model=mlp device={sys.argv[2]}-np2 samples_per_s={s['samples_per_s']:.1f} "
+      f"final_train_loss={s['final_train_loss']:.4f} test_accuracy={float(s.get('test_accuracy') or -1):.4f} "
+      f"comm_s={s.get('comm_time_s', -1):.3f} exposed_comm_s={s.get('exposed_comm_time_s', -1):.3f}")
+PY
+    else
+      echo "trainer model=mlp device=$device-np2 failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
+        | tee -a "$build/trainer.log"
+    fi
+  done
 fi
 
 # The nccl all-reduce (issue #8), where the build has NCCL and MPI: its GPU test (np 1; np 2
