@@ -166,6 +166,10 @@ void GradientReducer::wait() {
   done_.wait(lock, [&] { return finished_ == num_buckets(); });
   // Every upload was queued before the last bucket counted as finished (under the lock).
   if (staging_) staging_->join();
+  // Staged, backward has ended when the device has written the last bucket (which holds the
+  // first layer's gradients), not when the host queued it: exposed time counts from the later,
+  // where the wait for that bucket's copy shows it (reduce_next).
+  if (staging_) start = std::max(start, last_landed_at_);
   const auto end = std::chrono::steady_clock::now();
   exposed_seconds_ = seconds_between(start, end);
   // The buckets' waits for late peers, where they fall inside the exposed interval.
@@ -193,13 +197,18 @@ void GradientReducer::run_collective(const std::function<void()>& fn) {
 void GradientReducer::reduce_next(std::unique_lock<std::mutex>& lock) {
   const Range range = buckets_[static_cast<std::size_t>(finished_)];
   const int bucket = finished_;
-  // Staged: the bucket is reduced in the host twin, between its download and its upload (both
-  // inside the bucket's span: staging is part of what the bucket costs).
+  // Staged: the bucket is reduced in the host twin, between its download and its upload. The
+  // span starts once the copy has landed: the wait for it is mostly the device still computing
+  // backward (launched buckets are queued work, not done work), not communication.
   auto* const base = static_cast<unsigned char*>(staging_ ? staging_->host() : grads_.raw());
   const auto element_bytes = static_cast<std::int64_t>(dtype_size(grads_.dtype()));
   lock.unlock();
-  const auto start = std::chrono::steady_clock::now();
+  const auto asked = std::chrono::steady_clock::now();
   if (staging_) staging_->wait_downloaded(bucket);
+  const auto start = std::chrono::steady_clock::now();
+  // A wait that blocked ended as the copy landed; one that returned at once says only that the
+  // copy had landed before it was asked for.
+  const bool blocked = start - asked > std::chrono::microseconds(20);
   {
     const CollectiveScope scope(Collective::gradient_bucket, bucket);
     allreducer_->allreduce(base + range.begin * element_bytes, range.size(), grads_.dtype());
@@ -210,6 +219,8 @@ void GradientReducer::reduce_next(std::unique_lock<std::mutex>& lock) {
   spans_[static_cast<std::size_t>(bucket)] = {start, end, allreducer_->last_peer_wait(),
                                                caller_reduces_};
   comm_seconds_ += seconds_between(start, end);
+  if (bucket == num_buckets() - 1)
+    last_landed_at_ = blocked ? start : std::chrono::steady_clock::time_point{};
   ++finished_;
 }
 

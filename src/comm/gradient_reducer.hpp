@@ -84,10 +84,13 @@ class GradientReducer {
   // returned: how the main thread makes a collective call between begin() and wait().
   void run_collective(const std::function<void()>& fn);
 
-  // Seconds the communication thread spent reducing the last step's buckets.
+  // Seconds the communication thread spent reducing the last step's buckets (staged: from each
+  // bucket's landed download to its queued upload).
   double last_comm_seconds() const { return comm_seconds_; }
   // Seconds from the end of backward (the ready_from() that launched the last bucket, else the
-  // wait() call) until every bucket was reduced: the communication backward did not hide.
+  // wait() call; staged, the landing of the last bucket's download when the communication
+  // thread had to wait for it, as the device ends backward after the host queued it) until
+  // every bucket was reduced: the communication backward did not hide.
   double last_exposed_seconds() const { return exposed_seconds_; }
   // The part of last_exposed_seconds() in which a bucket's all-reduce had started and this rank
   // waited for a node peer to arrive at it (Allreducer::PeerWait): the ranks' skew, not data
@@ -138,6 +141,9 @@ class GradientReducer {
   bool caller_reduces_ = false;  // wait() took the remaining buckets: the thread leaves them
   bool all_launched_ = false;  // ready_from() launched the step's last bucket ...
   std::chrono::steady_clock::time_point all_launched_at_;  // ... at this time
+  // Staged: when the last bucket's download landed (the device's backward was done), where the
+  // wait for it blocked; else the epoch (it had landed before anyone asked).
+  std::chrono::steady_clock::time_point last_landed_at_;
 
   double comm_seconds_ = 0;  // written by the thread under mutex_, read after wait()
   std::vector<BucketSpan> spans_;  // one per bucket, sized once; likewise

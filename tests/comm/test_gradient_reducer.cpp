@@ -192,6 +192,7 @@ class DeferredStaging final : public device_memory::Staging {
     state_[static_cast<std::size_t>(slot)] = State::downloading;
   }
   void wait_downloaded(int slot) override {
+    if (slot == delayed_slot_) std::this_thread::sleep_for(std::chrono::duration<double>(delay_seconds_));
     const std::lock_guard<std::mutex> lock(mutex_);
     ASSERT_TRUE(slot >= 0 && slot < reducer_.num_buckets()) << slot;
     EXPECT_EQ(state_[static_cast<std::size_t>(slot)], State::downloading)
@@ -222,6 +223,11 @@ class DeferredStaging final : public device_memory::Staging {
     ++joins_;
   }
   int joins() const { return joins_; }
+  // The wait for SLOT's copy takes SECONDS more, as when the device is still writing the bucket.
+  void delay(int slot, double seconds) {
+    delayed_slot_ = slot;
+    delay_seconds_ = seconds;
+  }
 
  private:
   enum class State { idle, downloading, downloaded, uploaded };
@@ -235,6 +241,8 @@ class DeferredStaging final : public device_memory::Staging {
   std::mutex mutex_;
   std::vector<State> state_;
   int joins_ = 0;
+  int delayed_slot_ = -1;
+  double delay_seconds_ = 0;
 };
 
 // Stages REDUCER's buckets through a DeferredStaging of GRADS when case C asks; returns it (or
@@ -412,6 +420,32 @@ TEST_P(ReducerCases, WaitWithoutBackwardReducesEverything) {
   if (rank % 2 == 0) reducer.ready_from(kOffsets[3]);  // some ranks launch a few early
   reducer.wait();
   for (std::int64_t i = 0; i < kCount; ++i) ASSERT_EQ(grads.data<float>()[i], expected[i]) << i;
+}
+
+TEST(StagedReducer, TimesStartWhenTheCopyLands) {
+  // Staged on a device, the host launches buckets as backward is queued, and the copy of the
+  // last one lands only when the device has finished backward (here 150 ms later). That wait
+  // is the device computing: neither comm time nor exposed communication.
+  for (const Case& c : {Case{Algorithm::flat_mpi, 0, false, true},
+                        Case{Algorithm::hierarchical, 2, false, true}}) {
+    CaseWorld w(c);
+    GradientReducer reducer(w.topology, w.config, w.grads, kOffsets, 1, 1, w.shared);
+    DeferredStaging* staging = stage_if(c, reducer, w.grads);
+    constexpr double kDeviceSeconds = 0.15;
+    staging->delay(reducer.num_buckets() - 1, kDeviceSeconds);
+    for (std::int64_t i = 0; i < kCount; ++i) w.grads.data<float>()[i] = local_value(w.rank, i);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto start = std::chrono::steady_clock::now();
+    reducer.begin();
+    reducer.ready_from(0);  // backward queued: every bucket launched at once
+    reducer.wait();
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const char* name = algorithm_name(c.algorithm);
+    EXPECT_GE(took, kDeviceSeconds) << name;
+    EXPECT_LT(reducer.last_comm_seconds(), 0.5 * kDeviceSeconds) << name;
+    EXPECT_LT(reducer.last_exposed_seconds(), 0.5 * kDeviceSeconds) << name;
+  }
 }
 
 TEST_P(ReducerCases, LateRankShowsAsExposedPeerWaitWhereMeasured) {
