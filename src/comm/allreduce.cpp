@@ -835,4 +835,37 @@ void Allreducer::allreduce(void* data, std::int64_t count, DType dtype) {
   impl_->hierarchical_mpi(data, count, dtype);
 }
 
+bool Allreducer::queues() const { return impl_->nccl != nullptr; }
+
+namespace {
+detail::NcclAllreduce& queued_backend(const std::unique_ptr<detail::NcclAllreduce>& nccl,
+                                      const char* call) {
+  if (!nccl)
+    abort_job(std::string("comm::Allreducer::") + call +
+              ": only the nccl backend queues its calls (device data)");
+  return *nccl;
+}
+}  // namespace
+
+void Allreducer::plan_slots(int slots) {
+  if (slots < 1) abort_job("comm::Allreducer::plan_slots: needs at least one slot");
+  queued_backend(impl_->nccl, "plan_slots").plan_slots(slots);
+}
+void Allreducer::mark(int slot) { queued_backend(impl_->nccl, "mark").mark(slot); }
+void Allreducer::allreduce_queued(int slot, void* data, std::int64_t count, DType dtype) {
+  if (!is_reducible(dtype) || count < 0)
+    abort_job(std::string("comm::Allreducer::allreduce_queued: cannot reduce ") +
+              std::to_string(count) + " elements of " + dtype_name(dtype));
+  impl_->peer_wait = {};
+  queued_backend(impl_->nccl, "allreduce_queued").allreduce_queued(slot, data, count, dtype);
+}
+void Allreducer::join() { queued_backend(impl_->nccl, "join").join(); }
+void Allreducer::wait_mark(int slot) { queued_backend(impl_->nccl, "wait_mark").wait_mark(slot); }
+void Allreducer::finish() { queued_backend(impl_->nccl, "finish").finish(); }
+
+void Allreducer::set_device_backend(std::unique_ptr<detail::NcclAllreduce> backend) {
+  if (!backend) abort_job("comm::Allreducer::set_device_backend: no backend");
+  impl_->nccl = std::move(backend);
+}
+
 }  // namespace mpt::comm

@@ -17,6 +17,9 @@
 #include "core/tensor.hpp"
 
 namespace mpt::comm {
+namespace detail {
+class NcclAllreduce;  // nccl_allreduce.hpp
+}  // namespace detail
 
 // The [comm] options, as parsed (names validated by resolve_allreduce()).
 struct CommOptions {
@@ -121,6 +124,26 @@ class Allreducer {
   // parts, with no copy into the staging segment (docs/architecture.md, "Registered
   // gradients"). Other data, and the other algorithms, go as before.
   void register_buffer(std::shared_ptr<SharedBuffer> buffer);
+
+  // The queued form, where the data is device memory (uses_nccl(config())): the calls of a step
+  // go on the comm stream, each after the compute work that wrote its data, and the host never
+  // waits for the device inside the step. SLOTS name the step's calls (plan once); mark(SLOT),
+  // from the thread that queues the compute work, records where it is; allreduce_queued(SLOT,
+  // ...) queues the call after that point and returns; join(), from the compute thread once
+  // every call is queued, makes later compute work wait for them on the device; wait_mark(SLOT)
+  // waits on the host for the compute work before SLOT's mark; finish(), any thread, waits for
+  // the calls on the host and reports NCCL's asynchronous errors (the contract of
+  // detail::NcclAllreduce). Abort unless queues().
+  bool queues() const;
+  void plan_slots(int slots);
+  void mark(int slot);
+  void allreduce_queued(int slot, void* data, std::int64_t count, DType dtype);
+  void join();
+  void wait_mark(int slot);
+  void finish();
+  // Tests: BACKEND stands in for the nccl backend from now on (before the first call), so that
+  // the queued form's users run on the CPU. Every call goes to it, as to the nccl backend.
+  void set_device_backend(std::unique_ptr<detail::NcclAllreduce> backend);
 
   // Where the last allreduce() call waited in its first node barrier: this rank had arrived
   // (its data final, or staged) and waited for the node's last peer to arrive. That is the

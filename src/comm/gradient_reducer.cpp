@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "comm/nccl_allreduce.hpp"
 #include "comm/watchdog.hpp"
 #include "core/error.hpp"
 
@@ -87,6 +88,9 @@ GradientReducer::GradientReducer(const Topology& topology, const AllreduceConfig
     allreducer_->register_buffer(std::move(shared));
   }
   spans_.resize(buckets_.size());
+  // Device gradients under the nccl backend: the queued form, one slot per bucket.
+  queued_ = allreducer_->queues();
+  if (queued_ && num_buckets() > 0) allreducer_->plan_slots(num_buckets());
   thread_ = std::thread([this] { thread_main(); });
 }
 
@@ -106,17 +110,26 @@ void GradientReducer::set_staging(std::unique_ptr<device_memory::Staging> stagin
   staging_ = std::move(staging);
 }
 
+void GradientReducer::set_device_backend(std::unique_ptr<detail::NcclAllreduce> backend) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (launched_ != 0 || finished_ != 0)
+    abort_job("comm::GradientReducer::set_device_backend: must come before the first step");
+  allreducer_->set_device_backend(std::move(backend));
+  queued_ = true;
+  if (num_buckets() > 0) allreducer_->plan_slots(num_buckets());
+}
+
 bool GradientReducer::launch_until(int count) {
   // launched_ is written only here and in begin(), both on the main thread: reading it
   // unlocked is safe. The downloads are queued before the count is published, so the
   // communication thread never waits for a copy that was not queued yet.
   const int from = launched_;
   if (count <= from) return false;
-  if (staging_)
-    for (int b = from; b < count; ++b) {
-      const Range& range = buckets_[static_cast<std::size_t>(b)];
-      staging_->download(b, range.begin, range.end);
-    }
+  for (int b = from; b < count; ++b) {
+    const Range& range = buckets_[static_cast<std::size_t>(b)];
+    if (staging_) staging_->download(b, range.begin, range.end);
+    if (queued_) allreducer_->mark(b);  // the compute stream's point: the bucket is written
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   launched_ = count;
   return true;
@@ -166,6 +179,7 @@ void GradientReducer::wait() {
   done_.wait(lock, [&] { return finished_ == num_buckets(); });
   // Every upload was queued before the last bucket counted as finished (under the lock).
   if (staging_) staging_->join();
+  if (queued_ && num_buckets() > 0) finish_queued(lock, start);
   // Staged, backward has ended when the device has written the last bucket (which holds the
   // first layer's gradients), not when the host queued it: exposed time counts from the later,
   // where the wait for that bucket's copy shows it (reduce_next).
@@ -209,7 +223,12 @@ void GradientReducer::reduce_next(std::unique_lock<std::mutex>& lock) {
   // A wait that blocked ended as the copy landed; one that returned at once says only that the
   // copy had landed before it was asked for.
   const bool blocked = start - asked > std::chrono::microseconds(20);
-  {
+  if (queued_) {
+    // On the device: queued after the bucket's mark, no wait (the step's end waits once).
+    const CollectiveScope scope(Collective::gradient_bucket, bucket);
+    allreducer_->allreduce_queued(bucket, base + range.begin * element_bytes, range.size(),
+                                  grads_.dtype());
+  } else {
     const CollectiveScope scope(Collective::gradient_bucket, bucket);
     allreducer_->allreduce(base + range.begin * element_bytes, range.size(), grads_.dtype());
   }
@@ -222,6 +241,27 @@ void GradientReducer::reduce_next(std::unique_lock<std::mutex>& lock) {
   if (bucket == num_buckets() - 1)
     last_landed_at_ = blocked ? start : std::chrono::steady_clock::time_point{};
   ++finished_;
+}
+
+void GradientReducer::finish_queued(std::unique_lock<std::mutex>& lock,
+                                    std::chrono::steady_clock::time_point& start) {
+  // Every bucket is queued and the communication thread idle: the training thread ends the step.
+  lock.unlock();
+  allreducer_->join();  // the optimizer's kernels follow the all-reduce on the device
+  // The last bucket holds the first layer's gradients: once the device is past its mark,
+  // backward is done there, and what the host waits for after that is unhidden communication.
+  allreducer_->wait_mark(num_buckets() - 1);
+  const auto backward_done = std::chrono::steady_clock::now();
+  {
+    // The one host wait of the step, kept for NCCL's asynchronous errors and, inside the last
+    // bucket's scope, for the watchdog (a peer that never arrives).
+    const CollectiveScope scope(Collective::gradient_bucket, num_buckets() - 1);
+    allreducer_->finish();
+  }
+  const auto end = std::chrono::steady_clock::now();
+  lock.lock();
+  comm_seconds_ += seconds_between(backward_done, end);
+  start = std::max(start, backward_done);
 }
 
 void GradientReducer::thread_main() {

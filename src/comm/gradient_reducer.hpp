@@ -67,6 +67,9 @@ class GradientReducer {
   // first begin(). (A SHARED buffer then goes unused: the twin is not in it.)
   void set_staging(std::unique_ptr<device_memory::Staging> staging);
   bool staged() const { return staging_ != nullptr; }
+  // Tests: BACKEND stands in for the nccl backend (Allreducer::set_device_backend), and the
+  // buckets go the queued way. Before the first begin().
+  void set_device_backend(std::unique_ptr<detail::NcclAllreduce> backend);
 
   // Starts a step: no bucket launched yet. Call before backward.
   void begin();
@@ -74,7 +77,9 @@ class GradientReducer {
   // not launched yet. Cheap (a lock and a notify); call it from backward's per-layer hook.
   void ready_from(std::int64_t offset);
   // Launches the remaining buckets and blocks until every bucket of the step is reduced (staged:
-  // until every bucket is queued for its upload, which the compute stream then waits for). When
+  // until every bucket is queued for its upload, which the compute stream then waits for;
+  // queued on the device (nccl): until the device has run every call, after one join, so that
+  // the optimizer's kernels follow them there). When
   // the communication thread has not started on the remaining buckets yet (it is asleep, or has
   // not got a core since it was woken), the calling thread reduces them itself: the tail of a
   // step then pays no hand-off to another thread (serialized with the thread: MPI is still
@@ -85,7 +90,8 @@ class GradientReducer {
   void run_collective(const std::function<void()>& fn);
 
   // Seconds the communication thread spent reducing the last step's buckets (staged: from each
-  // bucket's landed download to its queued upload).
+  // bucket's landed download to its queued upload; queued on the device: the queueing, plus
+  // the wait for the calls after the device ended backward, since the rest ran beside it).
   double last_comm_seconds() const { return comm_seconds_; }
   // Seconds from the end of backward (the ready_from() that launched the last bucket, else the
   // wait() call; staged, the landing of the last bucket's download when the communication
@@ -115,6 +121,11 @@ class GradientReducer {
 
  private:
   void thread_main();
+  // The end of a step in the queued form (allreducer_->queues()): join, wait for the device's
+  // backward (START moves there: exposed time counts from it), then for the calls (their tail
+  // is added to the comm time). LOCK held on entry and on return.
+  void finish_queued(std::unique_lock<std::mutex>& lock,
+                     std::chrono::steady_clock::time_point& start);
   // Makes buckets [launched_, COUNT) launched: their downloads first (staged), then, under the
   // lock, the count the communication thread reads. Only the main thread calls it. True when
   // it launched any.
@@ -127,6 +138,9 @@ class GradientReducer {
   std::vector<Range> buckets_;
   std::unique_ptr<Allreducer> allreducer_;  // built on the constructing thread, used on thread_
   std::unique_ptr<device_memory::Staging> staging_;  // null: the buckets are reduced in grads_
+  // Device gradients under the nccl backend: buckets are marked at launch, queued on the comm
+  // stream by the thread, and the step's end waits once (Allreducer's queued form).
+  bool queued_ = false;
 
   std::mutex mutex_;
   std::condition_variable work_;                       // the communication thread waits here

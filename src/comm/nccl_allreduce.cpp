@@ -101,8 +101,21 @@ class NcclBackend final : public NcclAllreduce {
   NcclBackend& operator=(const NcclBackend&) = delete;
 
   void allreduce(void* data, std::int64_t count, DType dtype) override;
+  void plan_slots(int slots) override;
+  void mark(int slot) override;
+  void allreduce_queued(int slot, void* data, std::int64_t count, DType dtype) override;
+  void join() override;
+  void wait_mark(int slot) override;
+  void finish() override;
 
  private:
+  // Makes the communicator's device current on the calling thread (GradientReducer's thread, or
+  // the training thread, may not have it current; streams and launches belong to it) and
+  // checks that DATA is device memory.
+  void select_device();
+  void require_device_data(const void* data);
+  // Queues the all-reduce of DATA on the comm stream (after what the stream already waits for).
+  void enqueue(void* data, std::int64_t count, DType dtype);
   // Phases 1-3 of the hierarchical algorithm on WIRE (N elements of the wire dtype, device),
   // with the postscale on this rank's region before the gather when SCALE_REGION.
   void hierarchical(void* wire, std::int64_t n, bool scale_region);
@@ -125,6 +138,8 @@ class NcclBackend final : public NcclAllreduce {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;       // the comm stream: every NCCL call, copy and kernel here
   cudaEvent_t compute_done_ = nullptr;  // where the compute stream was when a call began
+  std::vector<cudaEvent_t> marks_;      // queued form: per slot, the compute stream at mark()
+  cudaEvent_t comm_done_ = nullptr;     // queued form: the comm stream at join()
   SumOps ops_;                          // the MPI types and sums of the wire dtypes, for the rails
   IntraPlan plan_;
   void* scratch_ = nullptr;
@@ -159,6 +174,7 @@ NcclBackend::NcclBackend(const Topology& topology, const AllreduceConfig& config
   // orders itself after the compute stream with an event, and the host waits for its end.
   MPT_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   MPT_CHECK_CUDA(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
+  MPT_CHECK_CUDA(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
 }
 
 NcclBackend::~NcclBackend() {
@@ -179,6 +195,8 @@ NcclBackend::~NcclBackend() {
     }
   }
   if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
+  if (comm_done_ != nullptr) cudaEventDestroy(comm_done_);
+  for (cudaEvent_t event : marks_) cudaEventDestroy(event);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   device_memory::free_cuda(scratch_);
   if (staging_ != nullptr) cudaFreeHost(staging_);
@@ -228,26 +246,93 @@ void NcclBackend::wait() {
   }
 }
 
-void NcclBackend::allreduce(void* data, std::int64_t count, DType dtype) {
-  if (count <= 0) return;
-  // The calling thread (GradientReducer's) may not have this device current; streams and
-  // launches belong to it.
+void NcclBackend::select_device() {
   int current = -1;
   MPT_CHECK_CUDA(cudaGetDevice(&current));
   if (current != device_) MPT_CHECK_CUDA(cudaSetDevice(device_));
+}
+
+void NcclBackend::require_device_data(const void* data) {
   cudaPointerAttributes attributes{};
   MPT_CHECK_CUDA(cudaPointerGetAttributes(&attributes, data));
   if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)
     abort_job(
         "comm::Allreducer: the nccl backend reduces device memory, and this buffer is "
         "host memory (stage it, or resolve with Device::cuda only for device data)");
+}
+
+void NcclBackend::allreduce(void* data, std::int64_t count, DType dtype) {
+  if (count <= 0) return;
+  select_device();
+  require_device_data(data);
   // The kernels that wrote DATA were queued on the compute stream before this call. It is a
   // blocking stream (kernels/cuda/common.cuh), so an event on the legacy stream comes after
   // them: the comm stream waits for them, nothing more.
   MPT_CHECK_CUDA(cudaEventRecord(compute_done_, cudaStreamLegacy));
   MPT_CHECK_CUDA(cudaStreamWaitEvent(stream_, compute_done_, 0));
+  enqueue(data, count, dtype);
+  // The Allreducer's contract is synchronous (the caller reads or overwrites DATA next), so the
+  // host waits here once.
+  wait();
+}
+
+void NcclBackend::plan_slots(int slots) {
+  select_device();
+  for (cudaEvent_t event : marks_) MPT_CHECK_CUDA(cudaEventDestroy(event));
+  marks_.assign(static_cast<std::size_t>(slots), nullptr);
+  for (cudaEvent_t& event : marks_)
+    MPT_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+}
+
+void NcclBackend::mark(int slot) {
+  if (slot < 0 || static_cast<std::size_t>(slot) >= marks_.size())
+    abort_job("comm::Allreducer::mark: slot " + std::to_string(slot) + " of " +
+              std::to_string(marks_.size()) + " planned");
+  select_device();
+  // On the legacy stream, as compute_done_: after every kernel queued so far on the compute
+  // stream, and nothing later.
+  MPT_CHECK_CUDA(cudaEventRecord(marks_[static_cast<std::size_t>(slot)], cudaStreamLegacy));
+}
+
+void NcclBackend::allreduce_queued(int slot, void* data, std::int64_t count, DType dtype) {
+  if (slot < 0 || static_cast<std::size_t>(slot) >= marks_.size())
+    abort_job("comm::Allreducer::allreduce_queued: slot " + std::to_string(slot) + " of " +
+              std::to_string(marks_.size()) + " planned");
+  if (count <= 0) return;
+  select_device();
+  require_device_data(data);
+  // Only the compute work that wrote this slot's data, not whatever the training thread has
+  // queued since (backward's next layers): the call overlaps them on the device.
+  MPT_CHECK_CUDA(cudaStreamWaitEvent(stream_, marks_[static_cast<std::size_t>(slot)], 0));
+  enqueue(data, count, dtype);
+}
+
+void NcclBackend::join() {
+  select_device();
+  MPT_CHECK_CUDA(cudaEventRecord(comm_done_, stream_));
+  // A wait queued on the legacy stream makes every blocking stream's later work wait too (the
+  // CUDA runtime's legacy-stream semantics), so the compute stream's next kernels (the
+  // optimizer's) follow the step's all-reduce, and the host goes on.
+  MPT_CHECK_CUDA(cudaStreamWaitEvent(cudaStreamLegacy, comm_done_, 0));
+}
+
+void NcclBackend::wait_mark(int slot) {
+  if (slot < 0 || static_cast<std::size_t>(slot) >= marks_.size())
+    abort_job("comm::Allreducer::wait_mark: slot " + std::to_string(slot) + " of " +
+              std::to_string(marks_.size()) + " planned");
+  select_device();
+  MPT_CHECK_CUDA(cudaEventSynchronize(marks_[static_cast<std::size_t>(slot)]));
+}
+
+void NcclBackend::finish() {
+  select_device();
+  wait();
+}
+
+void NcclBackend::enqueue(void* data, std::int64_t count, DType dtype) {
   // On the wire: DATA itself when the dtypes agree (scaled in place if prescale != 1), else a
-  // device scratch with DATA converted and prescaled.
+  // device scratch with DATA converted and prescaled. Calls in flight share the scratch safely:
+  // every one of them runs on the comm stream, in order.
   void* wire = data;
   if (dtype != config_.wire) wire = device_scratch(static_cast<std::size_t>(count) * wire_size_);
   MPT_CHECK_CUDA(
@@ -261,11 +346,8 @@ void NcclBackend::allreduce(void* data, std::int64_t count, DType dtype) {
   } else {
     hierarchical(wire, count, scaled);
   }
-  // The way back (with the postscale, unless done), then the end: the Allreducer's contract is
-  // synchronous (the caller reads or overwrites DATA next), so the host waits here once.
   MPT_CHECK_CUDA(convert_scaled_cuda(wire, config_.wire, data, dtype, count,
                                      scaled ? 1.f : config_.postscale, stream_));
-  wait();
 }
 
 void NcclBackend::hierarchical(void* wire, std::int64_t n, bool scale_region) {

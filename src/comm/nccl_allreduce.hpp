@@ -48,6 +48,25 @@ class NcclAllreduce {
   virtual ~NcclAllreduce() = default;
   // As Allreducer::allreduce, with DATA in device memory; returns once the result is in DATA.
   virtual void allreduce(void* data, std::int64_t count, DType dtype) = 0;
+
+  // The queued form (Allreducer's, for GradientReducer), with no host wait in the step:
+  // SLOTS (0 <= slot < SLOTS) name the calls of a step; set once, before the first mark().
+  virtual void plan_slots(int slots) = 0;
+  // Where the compute stream is now, for SLOT's call: from the thread that queues the compute
+  // work that wrote the slot's data.
+  virtual void mark(int slot) = 0;
+  // Queues the all-reduce of DATA on the comm stream after SLOT's mark, and returns (across
+  // nodes it still waits for the intra-node phase, which MPI must read from the host).
+  virtual void allreduce_queued(int slot, void* data, std::int64_t count, DType dtype) = 0;
+  // Compute work queued from now on runs after every call queued so far, without the host
+  // waiting: from the thread that queues it, once every call was queued (happens-before).
+  virtual void join() = 0;
+  // Blocks until the compute work before SLOT's last mark() is done (never on a peer: the
+  // compute stream waits for no call that was queued after the mark).
+  virtual void wait_mark(int slot) = 0;
+  // Blocks until every queued call is done, polling for NCCL's asynchronous errors (a hang meets
+  // the comm watchdog when called inside a CollectiveScope). Any thread.
+  virtual void finish() = 0;
 };
 
 // Collective over TOPOLOGY's world (nccl_allreduce.cpp; only in a build with NCCL).

@@ -995,10 +995,11 @@ TrainSummary Trainer::run() {
   const auto mib = [](double megabytes) {
     return static_cast<std::int64_t>(megabytes * (1 << 20));
   };
-  // On the cuda device the nccl backend reduces the device gradients in place, after backward.
-  // The host backends reduce a pinned host twin of them (stages_gradients), planned once: each
-  // bucket is copied down as backward finishes it, reduced, and copied back, with no host wait
-  // for the compute stream, so buckets overlap backward as they do on the host.
+  // On the cuda device the nccl backend reduces the device gradients in place: each bucket is
+  // queued on the comm stream after the compute work that wrote it, and the step's end waits
+  // once. The host backends reduce a pinned host twin of them (stages_gradients), planned once:
+  // each bucket is copied down as backward finishes it, reduced, and copied back, with no host
+  // wait for the compute stream. Either way buckets overlap backward, on the device too.
   const bool on_cuda = model->device() != Device::cpu;
   const bool staged = stages_gradients(model->device(), allreduce);
   const std::shared_ptr<comm::SharedBuffer> shared_grads =
@@ -1009,8 +1010,9 @@ TrainSummary Trainer::run() {
   comm::GradientReducer& reducer = *state_->reducer;
   if (staged)
     reducer.set_staging(std::make_unique<kernels::HostStaging>(model->grads(), reducer.num_buckets()));
-  // auto, for a library caller: on (on the host, and staged on cuda)
-  const bool overlap = config.comm.overlap != "off" && (!on_cuda || staged);
+  // auto, for a library caller: on
+  const bool overlap = config.comm.overlap != "off" &&
+                       (!on_cuda || staged || reducer.allreducer().queues());
 
   if (root) {
     std::printf("mptrain %s: %d rank(s), model %s (%lld parameters), batch %lld per rank, global %lld, "
@@ -1036,9 +1038,7 @@ TrainSummary Trainer::run() {
       std::printf(" (%g MiB, first %g MiB)", config.comm.bucket_mb, config.comm.first_bucket_mb);
     else
       std::printf(" (one bucket after backward)");
-    std::printf(", overlap %s", overlap ? "on"
-                                : on_cuda && !staged ? "off (device gradients all-reduced by NCCL after backward)"
-                                                     : "off (buckets after backward)");
+    std::printf(", overlap %s", overlap ? "on" : "off (buckets after backward)");
     std::printf("\n");
     if (config.model.print) std::printf("%s", model->summary().c_str());
     std::fflush(stdout);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/gradient_reducer.hpp"
+#include "comm/nccl_allreduce.hpp"
 #include "comm/shared_buffer.hpp"
 #include "comm/topology.hpp"
 #include "core/half.hpp"
@@ -165,6 +166,7 @@ struct Case {
   int ranks_per_node;
   bool registered = false;  // the gradients in a SharedBuffer that the all-reduce reads
   bool staged = false;      // reduced in a host twin (DeferredStaging), as for cuda gradients
+  bool queued = false;      // the queued form of the nccl backend (QueuedStandIn)
 };
 
 // A staging that behaves as a device's does (kernels::HostStaging on cuda), on host memory, and
@@ -244,6 +246,89 @@ class DeferredStaging final : public device_memory::Staging {
   int delayed_slot_ = -1;
   double delay_seconds_ = 0;
 };
+
+// A host stand-in for the nccl backend's queued form (detail::NcclAllreduce). A queued call
+// runs only at finish(), through a flat MPI all-reduce, so a step that ended without finish()
+// keeps its local gradients; and every call checks its order within a step: each slot marked,
+// then queued, once; join() after every slot is queued; wait_mark() after the slot's mark;
+// finish() after join().
+class QueuedStandIn final : public detail::NcclAllreduce {
+ public:
+  QueuedStandIn(const Topology& topology, DType wire) : host_(topology, flat_config(wire)) {}
+  void allreduce(void* data, std::int64_t count, DType dtype) override {
+    host_.allreduce(data, count, dtype);
+  }
+  void plan_slots(int slots) override {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    state_.assign(static_cast<std::size_t>(slots), State::idle);
+  }
+  void mark(int slot) override {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    ASSERT_TRUE(slot >= 0 && static_cast<std::size_t>(slot) < state_.size()) << slot;
+    EXPECT_EQ(state_[static_cast<std::size_t>(slot)], State::idle) << "slot " << slot << " marked twice";
+    state_[static_cast<std::size_t>(slot)] = State::marked;
+  }
+  void allreduce_queued(int slot, void* data, std::int64_t count, DType dtype) override {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    ASSERT_TRUE(slot >= 0 && static_cast<std::size_t>(slot) < state_.size()) << slot;
+    EXPECT_EQ(state_[static_cast<std::size_t>(slot)], State::marked)
+        << "slot " << slot << " queued before its mark";
+    state_[static_cast<std::size_t>(slot)] = State::queued;
+    pending_.push_back({data, count, dtype});
+  }
+  void join() override {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (std::size_t b = 0; b < state_.size(); ++b)
+      EXPECT_EQ(state_[b], State::queued) << "join before slot " << b << " was queued";
+    joined_ = true;
+  }
+  void wait_mark(int slot) override {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    ASSERT_TRUE(slot >= 0 && static_cast<std::size_t>(slot) < state_.size()) << slot;
+    EXPECT_NE(state_[static_cast<std::size_t>(slot)], State::idle) << "wait for an unmarked slot";
+  }
+  void finish() override {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    EXPECT_TRUE(joined_) << "finish without join";
+    for (const Pending& call : pending_) host_.allreduce(call.data, call.count, call.dtype);
+    pending_.clear();
+    state_.assign(state_.size(), State::idle);
+    joined_ = false;
+    ++finishes_;
+  }
+  int finishes() const { return finishes_; }
+
+ private:
+  enum class State { idle, marked, queued };
+  struct Pending {
+    void* data;
+    std::int64_t count;
+    DType dtype;
+  };
+  static AllreduceConfig flat_config(DType wire) {
+    AllreduceConfig config;
+    config.algorithm = Algorithm::flat_mpi;
+    config.wire = wire;
+    return config;
+  }
+  Allreducer host_;
+  std::mutex mutex_;
+  std::vector<State> state_;
+  std::vector<Pending> pending_;
+  bool joined_ = false;
+  int finishes_ = 0;
+};
+
+// Hands REDUCER a QueuedStandIn for the gradients' DTYPE when case C asks; returns it (or null)
+// to count the finishes.
+QueuedStandIn* queue_if(const Case& c, GradientReducer& reducer, const Topology& topology,
+                        DType dtype) {
+  if (!c.queued) return nullptr;
+  auto backend = std::make_unique<QueuedStandIn>(topology, dtype);
+  QueuedStandIn* raw = backend.get();
+  reducer.set_device_backend(std::move(backend));
+  return raw;
+}
 
 // Stages REDUCER's buckets through a DeferredStaging of GRADS when case C asks; returns it (or
 // null) to count the joins.
@@ -331,6 +416,7 @@ TEST_P(ReducerCases, BucketedEqualsOneFlatAllreduceForAnyBucketSize) {
     GradientReducer reducer(topology, config, grads, kOffsets, bucket_bytes, bucket_bytes / 2,
                             shared);
     const DeferredStaging* staging = stage_if(c, reducer, grads);
+    const QueuedStandIn* queued = queue_if(c, reducer, topology, dtype);
     const auto expected_buckets = plan_buckets(kCount, static_cast<std::int64_t>(dtype_size(dtype)),
                                                kOffsets, bucket_bytes, bucket_bytes / 2);
     ASSERT_EQ(reducer.num_buckets(), static_cast<int>(expected_buckets.size()));
@@ -365,6 +451,9 @@ TEST_P(ReducerCases, BucketedEqualsOneFlatAllreduceForAnyBucketSize) {
       if (staging) {
         EXPECT_EQ(staging->joins(), step + 1);
       }
+      if (queued) {
+        EXPECT_EQ(queued->finishes(), step + 1);
+      }
     }
   }
 }
@@ -385,6 +474,7 @@ TEST_P(ReducerCases, CutParametersLaunchOnlyOnceFinal) {
   GradientReducer reducer(w.topology, w.config, w.grads, offsets, kMinSplitBucketBytes,
                           kMinSplitBucketBytes, w.shared);
   stage_if(GetParam(), reducer, w.grads);
+  queue_if(GetParam(), reducer, w.topology, DType::f32);
   ASSERT_GT(reducer.num_buckets(), 5);  // 390 KB in 64 KiB buckets
   for (int step = 0; step < 2; ++step) {
     for (std::int64_t i = 0; i < count; ++i) g[i] = std::nanf("");
@@ -411,6 +501,7 @@ TEST_P(ReducerCases, WaitWithoutBackwardReducesEverything) {
   Tensor& grads = w.grads;
   GradientReducer reducer(w.topology, w.config, grads, kOffsets, 1, 1, w.shared);
   stage_if(GetParam(), reducer, grads);
+  queue_if(GetParam(), reducer, w.topology, DType::f32);
   std::vector<float> expected(kCount);
   for (std::int64_t i = 0; i < kCount; ++i)
     grads.data<float>()[i] = expected[i] = local_value(rank, i);
@@ -492,13 +583,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{Algorithm::hierarchical, 1}, Case{Algorithm::hierarchical, 2},
                       Case{Algorithm::hierarchical, 0, true}, Case{Algorithm::hierarchical, 2, true},
                       Case{Algorithm::flat_mpi, 0, false, true},
-                      Case{Algorithm::hierarchical, 2, false, true}),
+                      Case{Algorithm::hierarchical, 2, false, true},
+                      Case{Algorithm::hierarchical, 2, false, false, true}),
     [](const auto& info) {
       return (std::string(algorithm_name(info.param.algorithm)) == "flat-mpi"
                   ? std::string("flat")
                   : "hierarchical_k" + std::to_string(info.param.ranks_per_node) +
                         (info.param.registered ? "_registered" : "")) +
-             (info.param.staged ? "_staged" : "");
+             (info.param.staged ? "_staged" : "") + (info.param.queued ? "_queued" : "");
     });
 
 }  // namespace

@@ -3,7 +3,7 @@
 // sizes {0, 1, 7, 1000, 1M+3} at odd offsets into a device buffer, f32 data with f32, f16 or bf16
 // on the wire and 16-bit data with its own, plain sums and pre/postscaled ones, against a float64
 // sum and for identical bits on every rank; then GradientReducer's buckets on device gradients
-// (the trainer's use: the calls come from its communication thread). Runs under mpiexec.
+// (the trainer's use: the queued form, calls from its communication thread). Runs under mpiexec.
 // NCCL refuses two ranks on one GPU, so where the ranks of a node outnumber its GPUs (np 2 on the
 // one-H200 check machine) every rank reports SKIPPED (exit 77) with the reason, as it does
 // without a device or without NCCL. On one GPU only np 1 runs: NCCL's calls on a communicator of
@@ -124,38 +124,51 @@ void check_algorithm(Harness& harness, const std::string& label, const Topology&
   }
 }
 
-// The trainer's path: device gradients in buckets, each all-reduced on GradientReducer's thread.
+// The trainer's path: device gradients in buckets, GradientReducer's queued form (each bucket
+// marked on the compute stream at launch, queued on the comm stream by its thread, the step's
+// end joined and waited for once): all launched at wait(), then launched one by one from the
+// last parameter as backward's hook does, each also with phase 2 through the host (the rails
+// wait inside a queued call).
 void check_gradient_reducer(Harness& harness, const Topology& topology, AllreduceConfig config) {
   const std::int64_t count = 300007;
   const std::vector<std::int64_t> offsets = {0, 1000, 1003, 50000, 299999};
   Tensor grads({count}, DType::f32, Device::cuda);
   std::vector<float> host(static_cast<std::size_t>(count));
-  for (std::int64_t i = 0; i < count; ++i)
-    host[static_cast<std::size_t>(i)] = contribution(DType::f32, world_rank(), i);
-  device_memory::copy(grads.raw(), Device::cuda, host.data(), Device::cpu, grads.size_bytes());
   config.wire = DType::f32;
-  GradientReducer reducer(topology, config, grads, offsets, 256 << 10, 64 << 10);
-  reducer.begin();
-  reducer.wait();
-  device_memory::copy(host.data(), Device::cpu, grads.raw(), Device::cuda, grads.size_bytes());
-  std::int64_t bad = 0;
-  for (std::int64_t i = 0; i < count; ++i) {
-    double exact = 0, magnitudes = 0;
-    for (int r = 0; r < world_size(); ++r) {
-      exact += contribution(DType::f32, r, i);
-      magnitudes += std::fabs(contribution(DType::f32, r, i));
+  for (const bool through_host : {false, true}) {
+    config.nccl_stage_one_node = through_host;
+    GradientReducer reducer(topology, config, grads, offsets, 256 << 10, 64 << 10);
+    for (int step = 1; step <= 2; ++step) {
+      for (std::int64_t i = 0; i < count; ++i)
+        host[static_cast<std::size_t>(i)] = step * contribution(DType::f32, world_rank(), i);
+      device_memory::copy(grads.raw(), Device::cuda, host.data(), Device::cpu, grads.size_bytes());
+      reducer.begin();
+      if (step == 2)
+        for (std::size_t p = offsets.size(); p-- > 0;) reducer.ready_from(offsets[p]);
+      reducer.wait();
+      device_memory::copy(host.data(), Device::cpu, grads.raw(), Device::cuda, grads.size_bytes());
+      std::int64_t bad = 0;
+      for (std::int64_t i = 0; i < count; ++i) {
+        double exact = 0, magnitudes = 0;
+        for (int r = 0; r < world_size(); ++r) {
+          exact += step * contribution(DType::f32, r, i);
+          magnitudes += std::fabs(step * contribution(DType::f32, r, i));
+        }
+        if (!(std::fabs(host[static_cast<std::size_t>(i)] - exact) <=
+              (world_size() + 2) * 0x1p-24 * magnitudes))
+          ++bad;
+      }
+      const bool ok = all_ranks(bad == 0);
+      if (world_rank() == 0)
+        harness.expect(ok,
+                       "GradientReducer, " + std::to_string(reducer.num_buckets()) +
+                           " queued buckets of device gradients (" +
+                           algorithm_name(config.algorithm) +
+                           (through_host ? ", phase 2 through the host" : "") + ", " +
+                           (step == 1 ? "all at wait()" : "launched one by one") + ")",
+                       std::to_string(bad) + " wrong elements on some rank");
     }
-    if (!(std::fabs(host[static_cast<std::size_t>(i)] - exact) <=
-          (world_size() + 2) * 0x1p-24 * magnitudes))
-      ++bad;
   }
-  const bool ok = all_ranks(bad == 0);
-  if (world_rank() == 0)
-    harness.expect(ok,
-                   "GradientReducer, " + std::to_string(reducer.num_buckets()) +
-                       " buckets of device gradients on its thread (" +
-                       algorithm_name(config.algorithm) + ")",
-                   std::to_string(bad) + " wrong elements on some rank");
 }
 
 // Every rank says the same: prints on rank 0, returns 77 everywhere.
