@@ -114,6 +114,8 @@ class NcclBackend final : public NcclAllreduce {
   // checks that DATA is device memory.
   void select_device();
   void require_device_data(const void* data);
+  // SLOT's mark event; aborts naming CALL for a slot that was not planned.
+  cudaEvent_t slot_event(const char* call, int slot) const;
   // Queues the all-reduce of DATA on the comm stream (after what the stream already waits for).
   void enqueue(void* data, std::int64_t count, DType dtype);
   // Phases 1-3 of the hierarchical algorithm on WIRE (N elements of the wire dtype, device),
@@ -284,26 +286,27 @@ void NcclBackend::plan_slots(int slots) {
     MPT_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
 }
 
-void NcclBackend::mark(int slot) {
+cudaEvent_t NcclBackend::slot_event(const char* call, int slot) const {
   if (slot < 0 || static_cast<std::size_t>(slot) >= marks_.size())
-    abort_job("comm::Allreducer::mark: slot " + std::to_string(slot) + " of " +
-              std::to_string(marks_.size()) + " planned");
+    abort_job(std::string("comm::Allreducer::") + call + ": slot " + std::to_string(slot) +
+              " of " + std::to_string(marks_.size()) + " planned");
+  return marks_[static_cast<std::size_t>(slot)];
+}
+
+void NcclBackend::mark(int slot) {
   select_device();
   // On the legacy stream, as compute_done_: after every kernel queued so far on the compute
   // stream, and nothing later.
-  MPT_CHECK_CUDA(cudaEventRecord(marks_[static_cast<std::size_t>(slot)], cudaStreamLegacy));
+  MPT_CHECK_CUDA(cudaEventRecord(slot_event("mark", slot), cudaStreamLegacy));
 }
 
 void NcclBackend::allreduce_queued(int slot, void* data, std::int64_t count, DType dtype) {
-  if (slot < 0 || static_cast<std::size_t>(slot) >= marks_.size())
-    abort_job("comm::Allreducer::allreduce_queued: slot " + std::to_string(slot) + " of " +
-              std::to_string(marks_.size()) + " planned");
   if (count <= 0) return;
   select_device();
   require_device_data(data);
   // Only the compute work that wrote this slot's data, not whatever the training thread has
   // queued since (backward's next layers): the call overlaps them on the device.
-  MPT_CHECK_CUDA(cudaStreamWaitEvent(stream_, marks_[static_cast<std::size_t>(slot)], 0));
+  MPT_CHECK_CUDA(cudaStreamWaitEvent(stream_, slot_event("allreduce_queued", slot), 0));
   enqueue(data, count, dtype);
 }
 
@@ -317,11 +320,8 @@ void NcclBackend::join() {
 }
 
 void NcclBackend::wait_mark(int slot) {
-  if (slot < 0 || static_cast<std::size_t>(slot) >= marks_.size())
-    abort_job("comm::Allreducer::wait_mark: slot " + std::to_string(slot) + " of " +
-              std::to_string(marks_.size()) + " planned");
   select_device();
-  MPT_CHECK_CUDA(cudaEventSynchronize(marks_[static_cast<std::size_t>(slot)]));
+  MPT_CHECK_CUDA(cudaEventSynchronize(slot_event("wait_mark", slot)));
 }
 
 void NcclBackend::finish() {
