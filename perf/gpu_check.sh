@@ -235,7 +235,7 @@ PY
       --data.test="$data/test.h5" --model.name=mlp --train.max-steps=40 --train.batch-size=128 \
       --device="$device" --comm.bucket-mb=1 --comm.overlap=on --output.dir="$run" \
       --output.overwrite --output.progress=lines > "$run.log" 2>&1 || rc=$?
-    grep -m1 -E "^allreduce" "$run.log"
+    grep -m1 -E "^allreduce" "$run.log" | sed "s/^/$device-np2: /" | tee -a "$build/trainer.log"
     if [[ $rc -eq 0 && -f $run/summary.json ]]; then
       "$python" - "$run/summary.json" "$device" <<'PY' 2>&1 | tee -a "$build/trainer.log"
 import json, sys
