@@ -149,6 +149,9 @@ po::options_description train_options(TrainCommand& out) {
        "size of the first bucket (the last layers' gradients) in MiB")
       ("comm.wire-dtype", po::value(&run.comm.wire_dtype)->default_value("auto"),
        "auto (the gradients' dtype) | fp32 | fp16 | bf16: what gradients travel and are summed as")
+      ("comm.cuda-aware-mpi", po::value(&run.comm.cuda_aware_mpi)->default_value("auto"),
+       "auto (the nccl backend hands MPI device memory across nodes where MPI says it is "
+       "CUDA-aware and the wire is fp32) | off (always through pinned host memory)")
       ("comm.overlap", po::value(&run.comm.overlap)->default_value("auto"),
        "auto (on where every rank has a core beyond its compute threads) | on (buckets go out while "
        "backward runs) | off (after backward)")

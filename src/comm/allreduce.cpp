@@ -21,6 +21,12 @@
 #include <string>
 #include <vector>
 
+#include <mpi.h>
+// Open MPI's extensions (MPIX_CUDA_AWARE_SUPPORT, MPIX_Query_cuda_support), where present.
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+
 #include "comm/half_sum.hpp"
 #include "comm/nccl_allreduce.hpp"
 #include "comm/wire.hpp"
@@ -142,6 +148,14 @@ bool nccl_built() {
 #endif
 }
 
+bool cuda_aware_mpi() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
+
 bool uses_nccl(const AllreduceConfig& config) {
   return config.algorithm == Algorithm::flat_nccl ||
          (config.algorithm == Algorithm::hierarchical && config.intra == IntraBackend::nccl);
@@ -227,6 +241,13 @@ AllreduceConfig resolve_allreduce(const CommOptions& options, const Topology& to
   if (!is_reducible(config.wire))
     abort_job(std::string("comm::resolve_allreduce: gradients of dtype ") + dtype_name(grad_dtype) +
               " cannot be all-reduced");
+  MPT_REQUIRE(options.cuda_aware_mpi == "auto" || options.cuda_aware_mpi == "off",
+              "--comm.cuda-aware-mpi: unknown value '" + options.cuda_aware_mpi + "'",
+              "use auto (MPI on device memory where it says it can) or off");
+  config.mpi_on_device = options.cuda_aware_mpi == "auto" &&
+                         config.algorithm == Algorithm::hierarchical &&
+                         config.intra == IntraBackend::nccl && config.wire == DType::f32 &&
+                         cuda_aware_mpi();
   // prescale and postscale stay 1: the trainer folds 1/global_batch into the gradients, so it
   // wants the plain sum. A caller that averages sets them (1/N), e.g. the benchmark.
   return config;

@@ -29,6 +29,9 @@ struct CommOptions {
   double bucket_mb = 25;            // gradient bucket size; 0: one bucket after backward
   double first_bucket_mb = 1;       // the first bucket (the last layers' gradients)
   std::string wire_dtype = "auto";  // auto (the gradients' dtype) | fp32 | fp16 | bf16
+  // auto: the nccl backend's phase 2 (across nodes) calls MPI on device memory where MPI says
+  // it can (cuda_aware_mpi()) and the wire is f32; off: always through pinned host memory.
+  std::string cuda_aware_mpi = "auto";
   // on: buckets go out while backward runs; off: all at the end of backward. The trainer takes
   // auto as on; `mptrain train` resolves it first (on only where every rank has a spare core).
   std::string overlap = "auto";
@@ -67,6 +70,10 @@ struct AllreduceConfig {
   // The nccl backend: phase 2 through the pinned host buffers and MPI even on one node, where
   // every rail is a single rank and it changes nothing: how a one-GPU test runs that path.
   bool nccl_stage_one_node = false;
+  // The nccl backend's phase 2 hands MPI the device memory itself (CUDA-aware MPI), with no
+  // copies through the host: only for an f32 wire, which MPI sums with its own MPI_SUM (the
+  // 16-bit wires' sums are this project's MPI ops, which read host memory).
+  bool mpi_on_device = false;
 };
 
 const char* algorithm_name(Algorithm algorithm);  // "flat-mpi", "hierarchical", "flat-nccl"
@@ -74,6 +81,10 @@ const char* intra_name(IntraBackend intra);       // "mpi", "shm", "nccl"
 
 // True where this build has the nccl backend (CUDA and NCCL were found: MPTRAIN_HAVE_NCCL).
 bool nccl_built();
+// True where MPI can read and write cuda device memory: an Open MPI built with CUDA support
+// (MPIX_CUDA_AWARE_SUPPORT in mpi-ext.h) that confirms it at run time (MPIX_Query_cuda_support).
+// False for any other MPI (Debian's Open MPI is built without it).
+bool cuda_aware_mpi();
 // True when CONFIG's algorithm runs NCCL (flat-nccl, or hierarchical with the nccl intra
 // backend): then allreduce() takes data in the current cuda device's memory, never host memory.
 bool uses_nccl(const AllreduceConfig& config);
@@ -95,7 +106,9 @@ SharedGpus find_shared_gpus(const Topology& topology);
 // gradients through host memory). Throws UserError naming the option (--comm.allreduce,
 // --comm.intra, --comm.wire-dtype) when a name is unknown, shm is asked for where ranks do not
 // share memory, or nccl (flat-nccl) where the build has no NCCL, the gradients are not on cuda
-// or ranks share a GPU. prescale and postscale stay 1: the trainer folds 1/global_batch into
+// or ranks share a GPU, and --comm.cuda-aware-mpi for a value other than auto and off.
+// mpi_on_device: hierarchical nccl, an f32 wire, cuda_aware_mpi() and not off. prescale and
+// postscale stay 1: the trainer folds 1/global_batch into
 // the gradients and wants the plain sum; a caller that averages (the benchmark) sets them.
 AllreduceConfig resolve_allreduce(const CommOptions& options, const Topology& topology,
                                   DType grad_dtype, Device device = Device::cpu,

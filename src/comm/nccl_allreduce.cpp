@@ -121,8 +121,12 @@ class NcclBackend final : public NcclAllreduce {
   // Phases 1-3 of the hierarchical algorithm on WIRE (N elements of the wire dtype, device),
   // with the postscale on this rank's region before the gather when SCALE_REGION.
   void hierarchical(void* wire, std::int64_t n, bool scale_region);
-  // Phase 2: this rank's region of WIRE through pinned host memory and MPI, shard by shard.
+  // Phase 2: this rank's region of WIRE through pinned host memory and MPI, shard by shard (or
+  // MPI on the device memory itself: AllreduceConfig::mpi_on_device).
   void rails(void* wire, std::int64_t n, Range mine);
+  // The rail all-reduces of the shards this rank owns, in place on BASE, which holds the
+  // elements from BASE_ELEMENT on (host staging or device memory).
+  void rail_calls(void* base, std::int64_t n, std::int64_t base_element);
   // Waits for the comm stream (see the definition for why it polls).
   void wait();
   // A device buffer of at least BYTES (DEVICE_SCRATCH) or pinned host memory (HOST_STAGING):
@@ -391,6 +395,14 @@ void NcclBackend::hierarchical(void* wire, std::int64_t n, bool scale_region) {
 
 void NcclBackend::rails(void* wire, std::int64_t n, Range mine) {
   if (mine.size() == 0) return;  // then every shard this rank owns is empty, on every node
+  if (config_.mpi_on_device) {
+    // CUDA-aware MPI (an f32 wire, MPI's own sum): MPI reads and writes the region in device
+    // memory, once the reduce-scatter has written it; the all-gather is queued after MPI
+    // returned, so NCCL and MPI never touch the buffer at the same time.
+    wait();
+    rail_calls(wire, n, mine.begin);
+    return;
+  }
   const std::size_t bytes = static_cast<std::size_t>(mine.size()) * wire_size_;
   void* host = host_staging(bytes);
   void* region = at(wire, mine.begin, wire_size_);
@@ -398,6 +410,11 @@ void NcclBackend::rails(void* wire, std::int64_t n, Range mine) {
   // Unavoidable: MPI reads host memory, so the copy (and the reduce-scatter before it) must be
   // complete. The copy back is queued after the rail calls, on the same stream as the gather.
   wait();
+  rail_calls(host, n, mine.begin);
+  MPT_CHECK_CUDA(cudaMemcpyAsync(region, host, bytes, cudaMemcpyHostToDevice, stream_));
+}
+
+void NcclBackend::rail_calls(void* base, std::int64_t n, std::int64_t base_element) {
   // Increasing shard order on every rank: a rank of a smaller node owns several shards and meets
   // each rail in the order its owners on the other nodes do (as the host backends).
   const int parts = topology_.num_shards();
@@ -405,12 +422,11 @@ void NcclBackend::rails(void* wire, std::int64_t n, Range mine) {
     const Range range = nccl_shard(n, parts, shard);
     for (std::int64_t begin = range.begin; begin < range.end; begin += kMaxMpiCount) {
       const int count = static_cast<int>(std::min(kMaxMpiCount, range.end - begin));
-      MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, at(host, begin - mine.begin, wire_size_), count,
+      MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, at(base, begin - base_element, wire_size_), count,
                                   ops_.type(config_.wire), ops_.sum(config_.wire),
                                   topology_.rail(shard)));
     }
   }
-  MPT_CHECK_CUDA(cudaMemcpyAsync(region, host, bytes, cudaMemcpyHostToDevice, stream_));
 }
 
 }  // namespace

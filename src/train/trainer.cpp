@@ -1027,9 +1027,12 @@ TrainSummary Trainer::run() {
                   static_cast<long long>(accumulate * global_batch));
     std::printf("allreduce %s", comm::algorithm_name(allreduce.algorithm));
     if (allreduce.algorithm == comm::Algorithm::hierarchical)
-      std::printf(" (intra %s%s, %d node(s) of up to %d rank(s))", comm::intra_name(allreduce.intra),
+      std::printf(" (intra %s%s, %d node(s) of up to %d rank(s)%s)", comm::intra_name(allreduce.intra),
                   shared_grads ? " on registered gradients" : "", topology.num_nodes(),
-                  topology.num_shards());
+                  topology.num_shards(),
+                  allreduce.intra != comm::IntraBackend::nccl ? ""
+                  : allreduce.mpi_on_device ? ", across nodes CUDA-aware MPI on device memory"
+                                            : ", across nodes MPI through pinned host memory");
     std::printf(", wire %s, %d bucket(s)", dtype_name(allreduce.wire), reducer.num_buckets());
     if (staged)
       std::printf(" staged through %s", on_cuda ? "pinned host memory"

@@ -194,6 +194,8 @@ expect_error "unknown intra-node backend" 2 "--comm.intra" \
   train --data.train="$D/train.h5" --comm.intra=nvlink --output.dir="$TMP/o"
 expect_error "unknown wire dtype" 2 "--comm.wire-dtype" \
   train --data.train="$D/train.h5" --comm.wire-dtype=fp8 --output.dir="$TMP/o"
+expect_error "unknown cuda-aware-mpi value" 2 "--comm.cuda-aware-mpi: unknown value 'maybe'" \
+  train --data.train="$D/train.h5" --comm.cuda-aware-mpi=maybe --output.dir="$TMP/o"
 expect_error "negative ranks per node" 2 "--comm.ranks-per-node must be >= 0" \
   train --data.train="$D/train.h5" --comm.ranks-per-node=-1 --output.dir="$TMP/o"
 expect_error "negative bucket size" 2 "--comm.bucket-mb" \

@@ -550,6 +550,34 @@ TEST(ResolveAllreduce, UnknownNamesAreUserErrorsNamingTheOption) {
   EXPECT_EQ(error_for(options),
             "--comm.wire-dtype: unknown dtype 'fp8' (hint: use auto (the gradients' dtype), fp32, "
             "fp16 or bf16)");
+  options = CommOptions{};
+  options.cuda_aware_mpi = "yes";
+  EXPECT_EQ(error_for(options),
+            "--comm.cuda-aware-mpi: unknown value 'yes' (hint: use auto (MPI on device memory "
+            "where it says it can) or off)");
+}
+
+TEST(ResolveAllreduce, MpiGetsDeviceMemoryOnlyFromNcclWithAnF32WireWhereItIsCudaAware) {
+  const Topology topology(MPI_COMM_WORLD, 0);
+  CommOptions options;
+  // The host backends reduce host memory, whatever MPI can do.
+  EXPECT_FALSE(resolve_allreduce(options, topology, DType::f32).mpi_on_device);
+  options.intra = "mpi";  // on cuda too: the caller stages the gradients through host memory
+  EXPECT_FALSE(resolve_allreduce(options, topology, DType::f32, Device::cuda).mpi_on_device);
+  if (!nccl_built()) return;  // (the rest resolves the nccl backend, which needs a build with it)
+  options.intra = "nccl";
+  EXPECT_EQ(resolve_allreduce(options, topology, DType::f32, Device::cuda).mpi_on_device,
+            cuda_aware_mpi());
+  // A 16-bit wire is summed by this project's MPI ops, which read host memory.
+  EXPECT_FALSE(resolve_allreduce(options, topology, DType::f16, Device::cuda).mpi_on_device);
+  options.wire_dtype = "bf16";
+  EXPECT_FALSE(resolve_allreduce(options, topology, DType::f32, Device::cuda).mpi_on_device);
+  options.wire_dtype = "auto";
+  options.cuda_aware_mpi = "off";
+  EXPECT_FALSE(resolve_allreduce(options, topology, DType::f32, Device::cuda).mpi_on_device);
+  options.cuda_aware_mpi = "auto";
+  options.allreduce = "flat-nccl";  // one ncclAllReduce: no MPI at all
+  EXPECT_FALSE(resolve_allreduce(options, topology, DType::f32, Device::cuda).mpi_on_device);
 }
 
 }  // namespace
