@@ -254,7 +254,8 @@ fi
 # The nccl all-reduce (issue #8), where the build has NCCL and MPI: its GPU test (np 1; np 2
 # reports SKIPPED on a one-GPU machine, NCCL refusing two ranks on one device) and, where the
 # full build made mptrain, one rank training the mlp with --comm.intra=nccl (the device gradients
-# reduced in place, no host staging) beside the staged cuda run above. Own timeouts; a failure
+# reduced in place, no host staging; 1 MiB buckets queued on the comm stream as backward
+# launches them, one wait per step) beside the staged cuda run above. Own timeouts; a failure
 # is reported and fails nothing else.
 : > "$build/nccl.log"
 if [[ " ${targets[*]} " == *" gpu_nccl_allreduce "* ]]; then
@@ -274,8 +275,8 @@ if [[ " ${targets[*]} " == *" gpu_nccl_allreduce "* ]]; then
     rc=0
     timeout 60 mpiexec -n 1 "$build/mptrain" train --data.train="$data/train.h5" \
       --data.test="$data/test.h5" --model.name=mlp --train.max-steps=40 --train.batch-size=256 \
-      --device=cuda --comm.intra=nccl --output.dir="$run" --output.overwrite \
-      --output.progress=lines > "$run.log" 2>&1 || rc=$?
+      --device=cuda --comm.intra=nccl --comm.bucket-mb=1 --comm.overlap=on \
+      --output.dir="$run" --output.overwrite --output.progress=lines > "$run.log" 2>&1 || rc=$?
     grep -E "^allreduce" "$run.log" | head -1 | tee -a "$build/nccl.log"
     if [[ $rc -eq 0 && -f $run/summary.json ]]; then
       "$python" - "$run/summary.json" <<'PY' 2>&1 | tee -a "$build/nccl.log"
