@@ -107,6 +107,8 @@ void GradientReducer::set_staging(std::unique_ptr<device_memory::Staging> stagin
   std::lock_guard<std::mutex> lock(mutex_);
   if (launched_ != 0 || finished_ != 0)
     abort_job("comm::GradientReducer::set_staging: must come before the first step");
+  if (queued_)
+    abort_job("comm::GradientReducer::set_staging: the nccl backend reduces device memory itself");
   staging_ = std::move(staging);
 }
 
@@ -114,6 +116,8 @@ void GradientReducer::set_device_backend(std::unique_ptr<detail::NcclAllreduce> 
   std::lock_guard<std::mutex> lock(mutex_);
   if (launched_ != 0 || finished_ != 0)
     abort_job("comm::GradientReducer::set_device_backend: must come before the first step");
+  if (staging_)
+    abort_job("comm::GradientReducer::set_device_backend: the gradients are staged to the host");
   allreducer_->set_device_backend(std::move(backend));
   queued_ = true;
   if (num_buckets() > 0) allreducer_->plan_slots(num_buckets());
