@@ -575,7 +575,7 @@ std::shared_ptr<comm::SharedBuffer> share_gradients(nn::Model& model, const comm
 // Whether the gradients are all-reduced through a host twin (kernels::HostStaging), bucket by
 // bucket: for a cuda model under the host backends (MPI reads host memory; the nccl backend
 // reduces device memory in place), and on the cpu where MPTRAIN_STAGE_GRADIENTS=1 asks, so that
-// the CPU tests run the cuda pipeline's staging (tests/app/device.sh). Throws UserError naming
+// the CPU tests run the cuda pipeline's staging (tests/app/resume.sh). Throws UserError naming
 // the variable for a value other than 0 or 1.
 bool stages_gradients(Device device, const comm::AllreduceConfig& allreduce) {
   const char* text = std::getenv("MPTRAIN_STAGE_GRADIENTS");
