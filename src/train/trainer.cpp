@@ -1008,7 +1008,7 @@ TrainSummary Trainer::run() {
                           mib(config.comm.bucket_mb), mib(config.comm.first_bucket_mb),
                           shared_grads);
   comm::GradientReducer& reducer = *state_->reducer;
-  if (staged)
+  if (staged && reducer.num_buckets() > 0)
     reducer.set_staging(std::make_unique<kernels::HostStaging>(model->grads(), reducer.num_buckets()));
   // auto, for a library caller: on
   const bool overlap = config.comm.overlap != "off" &&
