@@ -204,7 +204,7 @@ print(f"trainer model={sys.argv[2]} device={sys.argv[3]} samples_per_s={s['sampl
       f"final_train_loss={s['final_train_loss']:.4f} test_accuracy={float(s.get('test_accuracy') or -1):.4f} "
       f"tensor_peak_mb={s.get('tensor_peak_mb', -1):.1f} device_reserved_mb={s.get('device_reserved_mb', -1):.0f} "
       f"step_allocations={s.get('step_tensor_allocations', -1)} step_cudamalloc={s.get('step_device_slabs', -1)} "
-      f"data_wait_fraction={s.get('data_wait_fraction', -1):.4f}")
+      f"data_wait_fraction={s.get('data_wait_fraction', -1):.4f} gradient_path={s.get('gradient_path')}")
 PY
       else
         echo "trainer model=$model device=$device failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
@@ -242,7 +242,8 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 print(f"trainer model=mlp device={sys.argv[2]}-np2 samples_per_s={s['samples_per_s']:.1f} "
       f"final_train_loss={s['final_train_loss']:.4f} test_accuracy={float(s.get('test_accuracy') or -1):.4f} "
-      f"comm_s={s.get('comm_time_s', -1):.3f} exposed_comm_s={s.get('exposed_comm_time_s', -1):.3f}")
+      f"comm_s={s.get('comm_time_s', -1):.3f} exposed_comm_s={s.get('exposed_comm_time_s', -1):.3f} "
+      f"gradient_path={s.get('gradient_path')} overlap={s.get('overlap')}")
 PY
     else
       echo "trainer model=mlp device=$device-np2 failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
@@ -284,7 +285,8 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 print(f"trainer model=mlp device=cuda intra={s.get('allreduce_intra')} "
       f"samples_per_s={s['samples_per_s']:.1f} final_train_loss={s['final_train_loss']:.4f} "
-      f"comm_time_s={s['comm_time_s']:.4f}")
+      f"comm_time_s={s['comm_time_s']:.4f} exposed_comm_time_s={s['exposed_comm_time_s']:.4f} "
+      f"gradient_path={s.get('gradient_path')} overlap={s.get('overlap')}")
 PY
     else
       echo "trainer model=mlp device=cuda intra=nccl failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \

@@ -1921,6 +1921,10 @@ TrainSummary Trainer::run() {
         .add("allreduce", comm::algorithm_name(state_->allreduce.algorithm))
         .add("allreduce_intra", comm::intra_name(state_->allreduce.intra))
         .add("wire_dtype", dtype_name(state_->allreduce.wire))
+        // Where the buckets were reduced: in place in host memory, through the staged host twin
+        // (cuda under the MPI backends), or queued on NCCL's stream on the device.
+        .add("gradient_path", staged ? "staged" : reducer.allreducer().queues() ? "device" : "host")
+        .add("overlap", overlap)
         .add("buckets", reducer.num_buckets()).add("accumulate", accumulate)
         .add("precision", config.amp.precision).add("loss_scale", summary.loss_scale)
         .add("skipped_steps", summary.skipped_steps).add("skipped_samples", summary.skipped_samples)

@@ -188,8 +188,10 @@ pipeline_case staged-fp16 "MPTRAIN_STAGE_GRADIENTS=1 MPTRAIN_REPORT_LAG=1" 0 8 1
   --train.precision=fp16 --optimizer.name=adamw --optimizer.lr=0.002 --optimizer.clip-norm=0.5 \
   --train.accumulate=2 --amp.init-scale=1e9 --amp.growth-interval=3
 if ! grep -q "bucket(s) staged through a host twin" "$TMP/pipeline-staged-fp16/late/log" ||
-    grep -q "staged through" "$TMP/pipeline-staged-fp16/now/log"; then
-  fail "staged-fp16: the run line does not say which run staged its gradients"
+    grep -q "staged through" "$TMP/pipeline-staged-fp16/now/log" ||
+    ! grep -q '"gradient_path": *"staged"' "$TMP/pipeline-staged-fp16/late/summary.json" ||
+    ! grep -q '"gradient_path": *"host"' "$TMP/pipeline-staged-fp16/now/summary.json"; then
+  fail "staged-fp16: the run line or summary.json does not say which run staged its gradients"
 fi
 MPTRAIN_FAULT=nan-grad:1:5 pipeline_case staged-nan "MPTRAIN_STAGE_GRADIENTS=1" 0 0 12 \
   "${STAGED[@]}" --comm.wire-dtype=fp16 --optimizer.momentum=0.9
