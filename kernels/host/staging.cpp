@@ -32,7 +32,10 @@ HostStaging::HostStaging(const Tensor& data, int slots) : data_(data), slots_(sl
     return;
   }
 #ifdef MPTRAIN_HAVE_CUDA
-  host_ = device_memory::pinned_host_tensor(data.shape(), dtype);
+  host_ = device_memory::pinned_host_tensor(
+      data.shape(), dtype,
+      "the staged gradients' host twin: a smaller model, or NCCL (--comm.intra=nccl), which "
+      "needs none");
   streams_ = cuda::staging_create(slots);
 #else
   no_cuda();

@@ -133,14 +133,14 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
 
 void synchronize() { MPT_CHECK_CUDA_RT(cudaDeviceSynchronize()); }
 
-Tensor pinned_host_tensor(const Shape& shape, DType dtype) {
+Tensor pinned_host_tensor(const Shape& shape, DType dtype, const char* hint) {
   const std::size_t bytes =
       static_cast<std::size_t>(std::max<std::int64_t>(shape_numel(shape), 1)) * dtype_size(dtype);
   void* pointer = nullptr;
   const cudaError_t status = cudaHostAlloc(&pointer, bytes, cudaHostAllocPortable);
   if (status != cudaSuccess)
     abort_job("pinned host buffer: cudaHostAlloc of " + std::to_string(bytes) + " bytes failed: " +
-              cuda_text(status) + " (lower --data.prefetch or --train.batch-size)");
+              cuda_text(status) + " (" + hint + ")");
   std::memset(pointer, 0, bytes);
   // Page-aligned, as Tensor::adopt requires; the tensor and its views keep the owner alive.
   std::shared_ptr<void> owner(pointer, [](void* p) { cudaFreeHost(p); });
@@ -256,7 +256,7 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
   if (bytes) std::memcpy(dst, src, bytes);
 }
 void synchronize() {}
-Tensor pinned_host_tensor(const Shape&, DType) { no_cuda("pinned host buffer"); }
+Tensor pinned_host_tensor(const Shape&, DType, const char*) { no_cuda("pinned host buffer"); }
 ComputeMark::~ComputeMark() = default;
 void ComputeMark::record() {}
 CopyQueue::CopyQueue() { no_cuda("host->device copy queue"); }

@@ -35,9 +35,11 @@ bool reserve_cuda(std::size_t bytes);
 ArenaStats cuda_arena_stats();
 void zero_cuda(void* pointer, std::size_t bytes);
 // A zero-filled host tensor in page-locked memory (cudaHostAlloc): the device copies from it
-// asynchronously and at full bus speed, so the prefetcher's batches live there on cuda runs.
-// Aborts on failure, and in a build without CUDA.
-Tensor pinned_host_tensor(const Shape& shape, DType dtype);
+// asynchronously and at full bus speed, so the prefetcher's batches live there on cuda runs, and
+// the staged gradients' host twin. Aborts on failure, with HINT (what to lower) in the message,
+// and in a build without CUDA.
+Tensor pinned_host_tensor(const Shape& shape, DType dtype,
+                          const char* hint = "lower --data.prefetch or --train.batch-size");
 
 // A point in the compute stream's work (an event recorded after the launches that read some
 // buffer), which a CopyQueue can wait for on the device, with no host synchronisation. Made
