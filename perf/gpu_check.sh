@@ -49,6 +49,27 @@ for candidate in python3 /usr/bin/python3 python; do
 done
 export PATH=$PATH:/usr/local/cuda/bin
 
+# run_line LABEL SUMMARY_JSON FIELD...: one line "LABEL NAME=VALUE ..." from a training run's
+# summary.json. A FIELD is a key, or NAME=KEY to print the key under a shorter name; floats
+# get 4 decimals (samples_per_s 1), and a missing or null value prints -1.
+run_line() {
+  "$python" - "$@" <<'PY'
+import json, sys
+label, path, fields = sys.argv[1], sys.argv[2], sys.argv[3:]
+summary = json.load(open(path))
+out = [label]
+for field in fields:
+    name, _, key = field.partition("=")
+    value = summary.get(key or name)
+    if value is None:
+        value = -1
+    if isinstance(value, float):
+        value = f"{value:.1f}" if name == "samples_per_s" else f"{value:.4f}"
+    out.append(f"{name}={value}")
+print(" ".join(out))
+PY
+}
+
 stage "GPU"
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>/dev/null || true
@@ -197,15 +218,10 @@ if [[ " ${targets[*]} " == *" mptrain "* ]]; then
         > "$run.log" 2>&1 || rc=$?
       grep -E "^device:" "$run.log" | head -1
       if [[ $rc -eq 0 && -f $run/summary.json ]]; then
-        "$python" - "$run/summary.json" "$model" "$device" <<'PY' 2>&1 | tee -a "$build/trainer.log"
-import json, sys
-s = json.load(open(sys.argv[1]))
-print(f"trainer model={sys.argv[2]} device={sys.argv[3]} samples_per_s={s['samples_per_s']:.1f} "
-      f"final_train_loss={s['final_train_loss']:.4f} test_accuracy={float(s.get('test_accuracy') or -1):.4f} "
-      f"tensor_peak_mb={s.get('tensor_peak_mb', -1):.1f} device_reserved_mb={s.get('device_reserved_mb', -1):.0f} "
-      f"step_allocations={s.get('step_tensor_allocations', -1)} step_cudamalloc={s.get('step_device_slabs', -1)} "
-      f"data_wait_fraction={s.get('data_wait_fraction', -1):.4f} gradient_path={s.get('gradient_path')}")
-PY
+        run_line "trainer model=$model device=$device" "$run/summary.json" samples_per_s \
+          final_train_loss test_accuracy tensor_peak_mb device_reserved_mb \
+          step_allocations=step_tensor_allocations step_cudamalloc=step_device_slabs \
+          data_wait_fraction gradient_path 2>&1 | tee -a "$build/trainer.log"
       else
         echo "trainer model=$model device=$device failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
           | tee -a "$build/trainer.log"
@@ -237,14 +253,9 @@ PY
       --output.overwrite --output.progress=lines > "$run.log" 2>&1 || rc=$?
     grep -m1 -E "^allreduce" "$run.log" | sed "s/^/$device-np2: /" | tee -a "$build/trainer.log"
     if [[ $rc -eq 0 && -f $run/summary.json ]]; then
-      "$python" - "$run/summary.json" "$device" <<'PY' 2>&1 | tee -a "$build/trainer.log"
-import json, sys
-s = json.load(open(sys.argv[1]))
-print(f"trainer model=mlp device={sys.argv[2]}-np2 samples_per_s={s['samples_per_s']:.1f} "
-      f"final_train_loss={s['final_train_loss']:.4f} test_accuracy={float(s.get('test_accuracy') or -1):.4f} "
-      f"comm_s={s.get('comm_time_s', -1):.3f} exposed_comm_s={s.get('exposed_comm_time_s', -1):.3f} "
-      f"gradient_path={s.get('gradient_path')} overlap={s.get('overlap')}")
-PY
+      run_line "trainer model=mlp device=$device-np2" "$run/summary.json" samples_per_s \
+        final_train_loss test_accuracy comm_time_s exposed_comm_time_s gradient_path overlap \
+        2>&1 | tee -a "$build/trainer.log"
     else
       echo "trainer model=mlp device=$device-np2 failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
         | tee -a "$build/trainer.log"
@@ -280,14 +291,9 @@ if [[ " ${targets[*]} " == *" gpu_nccl_allreduce "* ]]; then
       --output.dir="$run" --output.overwrite --output.progress=lines > "$run.log" 2>&1 || rc=$?
     grep -E "^allreduce" "$run.log" | head -1 | tee -a "$build/nccl.log"
     if [[ $rc -eq 0 && -f $run/summary.json ]]; then
-      "$python" - "$run/summary.json" <<'PY' 2>&1 | tee -a "$build/nccl.log"
-import json, sys
-s = json.load(open(sys.argv[1]))
-print(f"trainer model=mlp device=cuda intra={s.get('allreduce_intra')} "
-      f"samples_per_s={s['samples_per_s']:.1f} final_train_loss={s['final_train_loss']:.4f} "
-      f"comm_time_s={s['comm_time_s']:.4f} exposed_comm_time_s={s['exposed_comm_time_s']:.4f} "
-      f"gradient_path={s.get('gradient_path')} overlap={s.get('overlap')}")
-PY
+      run_line "trainer model=mlp device=cuda" "$run/summary.json" intra=allreduce_intra \
+        samples_per_s final_train_loss comm_time_s exposed_comm_time_s gradient_path overlap \
+        2>&1 | tee -a "$build/nccl.log"
     else
       echo "trainer model=mlp device=cuda intra=nccl failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
         | tee -a "$build/nccl.log"
