@@ -46,14 +46,21 @@ TEST(HostStaging, MovesOnlyTheRangesAskedFor) {
   }
 }
 
-TEST(HostStaging, EmptyRangesAreFine) {
+TEST(HostStaging, EmptyRangesMoveNothing) {
+  // The data and its twin differ everywhere, so any byte an empty range moved would show.
   Tensor data({8}, DType::f32);
+  for (std::int64_t i = 0; i < 8; ++i) data.data<float>()[i] = static_cast<float>(i + 1);
   HostStaging staging(data, 1);
+  float* twin = static_cast<float*>(staging.host());
+  for (std::int64_t i = 0; i < 8; ++i) twin[i] = -1.f;
   staging.download(0, 8, 8);
   staging.wait_downloaded(0);
   staging.upload(0, 0);
   staging.join();
-  for (std::int64_t i = 0; i < 8; ++i) EXPECT_EQ(data.data<float>()[i], 0.f);
+  for (std::int64_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(data.data<float>()[i], static_cast<float>(i + 1)) << i;
+    EXPECT_EQ(twin[i], -1.f) << i;
+  }
 }
 
 }  // namespace
