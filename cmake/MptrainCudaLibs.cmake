@@ -2,6 +2,12 @@
 #   mpt_cuda_libs (INTERFACE): CUDA::cudart and cuBLASLt, plus cuDNN and NCCL when found, with
 #   MPTRAIN_HAVE_CUDNN / MPTRAIN_HAVE_NCCL defined for what is there.
 # cuBLASLt comes from the toolkit, or from pip (nvidia-cublas-cu*) when the toolkit lacks it.
+# CMake 3.25.1 (Debian 12's) marks CUDA::nvToolsExt deprecated without checking that the
+# target exists, and CUDA 13 has no nvToolsExt library, so its FindCUDAToolkit stops the
+# configure. A placeholder target (never linked: mptrain uses no NVTX) lets it through.
+if(CMAKE_VERSION VERSION_LESS 3.25.2 AND NOT TARGET CUDA::nvToolsExt)
+  add_library(CUDA::nvToolsExt INTERFACE IMPORTED)
+endif()
 find_package(CUDAToolkit REQUIRED)
 include(${CMAKE_CURRENT_LIST_DIR}/MptrainPipNvidia.cmake)
 add_library(mpt_cuda_libs INTERFACE)
