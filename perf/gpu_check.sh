@@ -6,18 +6,22 @@
 # of mptrain/PyTorch ratios
 # (also to $OUT/gpu_check.txt when $OUT is set). Needs: the CUDA toolkit (nvcc), CMake >= 3.25,
 # a C++20 compiler, python3 with torch.
-# Builds the GPU-only subset unless MPI, HDF5, Boost and Kokkos are all present. Aims to finish
+# Builds the GPU-only subset unless MPI, HDF5, Boost and Kokkos are all present; the trainer
+# stages then run the prebuilt trainer of perf/gpu_bundle.sh where its archive was carried
+# along (.gpu-bundle/mptrain-bundle.tar.xz, or --bundle). Aims to finish
 # in about 2-3 minutes on one H200 (62 s on 2026-11-29, before the graph and batch-8192 stages);
 # every stage has its own timeout.
 set -uo pipefail
 
 usage() {
   cat <<'USAGE'
-Usage: perf/gpu_check.sh [--steps N] [--batch B] [--build-dir DIR] [--jobs J]
+Usage: perf/gpu_check.sh [--steps N] [--batch B] [--build-dir DIR] [--jobs J] [--bundle FILE]
   --steps N      timed training steps per precision (default 200)
   --batch B      samples per step (default 256)
   --build-dir D  build folder (default build/gpu-check)
   --jobs J       build jobs (default: all cores)
+  --bundle F     perf/gpu_bundle.sh's archive, used where this machine cannot build the
+                 trainer (default .gpu-bundle/mptrain-bundle.tar.xz, if present)
 USAGE
 }
 
@@ -25,12 +29,14 @@ steps=200
 batch=256
 build=build/gpu-check
 jobs=$(nproc 2>/dev/null || echo 4)
+bundle_archive=.gpu-bundle/mptrain-bundle.tar.xz
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --steps) steps=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
     --build-dir) build=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
+    --bundle) bundle_archive=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -119,6 +125,63 @@ if [[ -n $gpu_name ]] && grep -q "SKIPPED: no CUDA device" "$build/ctest.log"; t
   ctest_rc=1
 fi
 
+# Where the trainer comes from: this build (MPI, HDF5, Boost and Kokkos found here), else the
+# archive of perf/gpu_bundle.sh (the full CUDA build made on a Debian machine, with its libraries
+# and its own Open MPI), else nowhere: the trainer stages are then skipped, and say so.
+# with_env runs a command in the bundle's environment; empty for this build's own trainer.
+trainer_source=none
+mptrain=
+with_env=()
+bundle=
+if [[ " ${targets[*]} " == *" mptrain "* ]]; then
+  trainer_source=build
+  mptrain=$build/mptrain
+elif [[ -f $bundle_archive ]]; then
+  stage "unpack $bundle_archive (the trainer prebuilt by perf/gpu_bundle.sh)"
+  rm -rf "$build/bundle"
+  mkdir -p "$build/bundle"
+  if timeout 120 tar -C "$build/bundle" -xJf "$bundle_archive"; then
+    bundle=$(cd "$build/bundle/mptrain-bundle" && pwd)
+    cat "$bundle/MANIFEST"
+    # The CUDA runtime, cuBLASLt, cuDNN and NCCL that this machine's configure found (cuDNN and
+    # NCCL possibly pip's), both where the cache points and where its links lead.
+    cuda_dirs=$(sed -n -E 's/^(CUDA_cudart_LIBRARY|CUDA_cublasLt_LIBRARY|CUDNN_LIBRARY|NCCL_LIBRARY):FILEPATH=//p' \
+      "$build/CMakeCache.txt" | while read -r library; do
+        dirname "$library"
+        dirname "$(readlink -f "$library")"
+      done | awk '!seen[$0]++' | paste -sd: -)
+    cat > "$build/bundle-env" <<ENV
+#!/usr/bin/env bash
+source "$bundle/env.sh"
+export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH${cuda_dirs:+:$cuda_dirs}
+exec "\$@"
+ENV
+    chmod +x "$build/bundle-env"
+    with_env=("$(cd "$build" && pwd)/bundle-env")
+    mptrain=$bundle/bin/mptrain
+    if "${with_env[@]}" "$mptrain" --help > /dev/null 2> "$build/bundle-start.log"; then
+      trainer_source=bundle
+    else
+      echo "gpu_check.sh: the bundled mptrain does not start here: $(grep -m2 . "$build/bundle-start.log")" >&2
+    fi
+  else
+    echo "gpu_check.sh: could not unpack $bundle_archive" >&2
+  fi
+fi
+echo "trainer: $trainer_source${mptrain:+ ($mptrain)}"
+
+# The prefetcher's device delivery test from the bundle (this build, when it has the trainer,
+# ran it in ctest above).
+if [[ $trainer_source == bundle ]]; then
+  stage "gpu_prefetcher (bundled, mpiexec -n 1)"
+  timeout 120 "${with_env[@]}" mpiexec -n 1 "$bundle/bin/gpu_prefetcher" > "$build/prefetcher.log" 2>&1
+  prefetcher_rc=$?
+  grep -E "FAIL|: case |SKIPPED|[0-9]+ passed, [0-9]+ failed" "$build/prefetcher.log" | tail -20
+  [[ $prefetcher_rc -eq 0 || $prefetcher_rc -eq 77 ]] || ctest_rc=1
+  prefetcher_line=$(grep -m1 -oE "[0-9]+ passed, [0-9]+ failed|SKIPPED" "$build/prefetcher.log")
+  tests_line+="gpu_prefetcher (bundled): ${prefetcher_line:-no result, exit $prefetcher_rc};"
+fi
+
 stage "gpu_bench (steps $steps, batch $batch; then --graphs)"
 timeout 240 "$build/perf/gpu/gpu_bench" --steps "$steps" --batch "$batch" | tee "$build/gpu_bench.log"
 # The cnn as nn::Model (no kernel-level step, no GEMMs); its own runs, so that a failure of the
@@ -187,12 +250,12 @@ PY
 # (no Fashion-MNIST on a bare machine), 40 steps of mlp and cnn on cpu and on cuda, one rank.
 # Each run has its own timeout and only reports: a failure here fails nothing else.
 : > "$build/trainer.log"
-if [[ " ${targets[*]} " == *" mptrain "* ]]; then
+if [[ $trainer_source != none ]]; then
   # 40 steps of batch 256 are one epoch, so the run ends with its test evaluation.
   stage "trainer --device=cpu|cuda (mptrain train, mlp and cnn 40 steps = 1 epoch, resnet-mini 20 x 2, batch 256, one rank)"
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   data=$build/trainer-data
-  timeout 60 "$build/mptrain" prepare synthetic --out "$data" --train-samples 10240 \
+  timeout 60 "${with_env[@]}" "$mptrain" prepare synthetic --out "$data" --train-samples 10240 \
     --test-samples 2048 --seed 7 > "$build/trainer-prepare.log" 2>&1 || tail -3 "$build/trainer-prepare.log"
   # resnet-mini: gradient accumulation and sync-BN on the device (20 steps of 2 micro-batches).
   # The mlp also as cuda+graphs: --cuda.graphs replays each step as one captured CUDA graph
@@ -211,7 +274,7 @@ if [[ " ${targets[*]} " == *" mptrain "* ]]; then
       graph_flag=()
       [[ $device == cuda+graphs ]] && graph_flag=(--cuda.graphs)
       rc=0
-      timeout 45 mpiexec -n 1 "$build/mptrain" train --data.train="$data/train.h5" \
+      timeout 45 "${with_env[@]}" mpiexec -n 1 "$mptrain" train --data.train="$data/train.h5" \
         --data.test="$data/test.h5" --model.name="$model" --train.max-steps=$train_steps \
         --train.batch-size=256 --device="${device%+graphs}" --output.dir="$run" \
         --output.overwrite --output.progress=lines "${extra[@]}" "${graph_flag[@]}" \
@@ -247,7 +310,7 @@ if [[ " ${targets[*]} " == *" mptrain "* ]]; then
   for device in cpu cuda; do
     run=$build/trainer-mlp-np2-$device
     rc=0
-    timeout 60 mpiexec -n 2 --oversubscribe "$build/mptrain" train --data.train="$data/train.h5" \
+    timeout 60 "${with_env[@]}" mpiexec -n 2 --oversubscribe "$mptrain" train --data.train="$data/train.h5" \
       --data.test="$data/test.h5" --model.name=mlp --train.max-steps=40 --train.batch-size=128 \
       --device="$device" --comm.bucket-mb=1 --comm.overlap=on --output.dir="$run" \
       --output.overwrite --output.progress=lines > "$run.log" 2>&1 || rc=$?
@@ -263,29 +326,47 @@ if [[ " ${targets[*]} " == *" mptrain "* ]]; then
   done
 fi
 
-# The nccl all-reduce (issue #8), where the build has NCCL and MPI: its GPU test (np 1; np 2
-# reports SKIPPED on a one-GPU machine, NCCL refusing two ranks on one device) and, where the
-# full build made mptrain, one rank training the mlp with --comm.intra=nccl (the device gradients
-# reduced in place, no host staging; 1 MiB buckets queued on the comm stream as backward
-# launches them, one wait per step) beside the staged cuda run above. Own timeouts; a failure
-# is reported and fails nothing else.
+# The nccl all-reduce (issue #8), where this build or the bundle has NCCL and MPI: its GPU test
+# (np 1; np 2 reports SKIPPED on a one-GPU machine, NCCL refusing two ranks on one device) and,
+# where there is a trainer, one rank training the mlp with --comm.intra=nccl (the device
+# gradients reduced in place, no host staging; 1 MiB buckets queued on the comm stream as
+# backward launches them, one wait per step) beside the staged cuda run above. Own timeouts; a
+# failure is reported and fails nothing else.
 : > "$build/nccl.log"
-if [[ " ${targets[*]} " == *" gpu_nccl_allreduce "* ]]; then
-  stage "nccl all-reduce (gpu_nccl_allreduce np 1 and 2; mptrain train --comm.intra=nccl, one rank)"
-  timeout 150 ctest --test-dir "$build" -R '^gpu_nccl_allreduce' -V > "$build/nccl-ctest.log" 2>&1
-  nccl_rc=$?
-  grep -E "FAIL|SKIPPED|gpu_nccl_allreduce on|[0-9]+ passed, [0-9]+ failed|tests passed|tests failed" \
+# With a bundle, its test binary under its own Open MPI (rehearsed on a bare Debian, see
+# docs/gpu.md); else this build's, where it has MPI and NCCL, under this machine's mpiexec.
+nccl_test=none
+[[ " ${targets[*]} " == *" gpu_nccl_allreduce "* ]] && nccl_test=build
+[[ $trainer_source == bundle ]] && nccl_test=bundle
+if [[ $nccl_test != none ]]; then
+  stage "nccl all-reduce (gpu_nccl_allreduce np 1 and 2, $nccl_test; mptrain train --comm.intra=nccl, one rank)"
+  if [[ $nccl_test == build ]]; then
+    timeout 150 ctest --test-dir "$build" -R '^gpu_nccl_allreduce' -V > "$build/nccl-ctest.log" 2>&1
+    nccl_rc=$?
+  else
+    # As ctest runs it (tests/gpu/CMakeLists.txt); exit 77 is a skip.
+    : > "$build/nccl-ctest.log"
+    nccl_rc=0
+    for np in 1 2; do
+      timeout 70 "${with_env[@]}" mpiexec -n $np --oversubscribe "$bundle/bin/gpu_nccl_allreduce" \
+        >> "$build/nccl-ctest.log" 2>&1
+      rc=$?
+      echo "gpu_nccl_allreduce np $np (bundled): exit $rc" >> "$build/nccl-ctest.log"
+      [[ $rc -eq 0 || $rc -eq 77 ]] || nccl_rc=$rc
+    done
+  fi
+  grep -E "FAIL|SKIPPED|gpu_nccl_allreduce on|gpu_nccl_allreduce np|[0-9]+ passed, [0-9]+ failed|tests passed|tests failed" \
     "$build/nccl-ctest.log" | tail -30
   result=$(grep -oE '[0-9]+ passed, [0-9]+ failed' "$build/nccl-ctest.log" | head -1)
   [[ -z $result ]] && result=$(grep -m1 -oE 'SKIPPED: .{0,160}' "$build/nccl-ctest.log")
-  echo "nccl test: ${result:-no result} (ctest exit $nccl_rc)" | tee -a "$build/nccl.log"
-  if [[ " ${targets[*]} " != *" mptrain "* ]]; then
-    echo "trainer model=mlp device=cuda intra=nccl: not run (GPU-only build, no mptrain)" \
+  echo "nccl test: ${result:-no result} (exit $nccl_rc)" | tee -a "$build/nccl.log"
+  if [[ $trainer_source == none ]]; then
+    echo "trainer model=mlp device=cuda intra=nccl: not run (GPU-only build and no bundle: no mptrain)" \
       | tee -a "$build/nccl.log"
   else
     run=$build/trainer-mlp-nccl
     rc=0
-    timeout 60 mpiexec -n 1 "$build/mptrain" train --data.train="$data/train.h5" \
+    timeout 60 "${with_env[@]}" mpiexec -n 1 "$mptrain" train --data.train="$data/train.h5" \
       --data.test="$data/test.h5" --model.name=mlp --train.max-steps=40 --train.batch-size=256 \
       --device=cuda --comm.intra=nccl --comm.bucket-mb=1 --comm.overlap=on \
       --output.dir="$run" --output.overwrite --output.progress=lines > "$run.log" 2>&1 || rc=$?
@@ -308,6 +389,11 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a 
 {
   echo "GPU check $(date -u '+%Y-%m-%d %H:%M UTC') on ${gpu_name:-unknown GPU} (CUDA arch $arch)"
   echo "tests/gpu: ${tests_line:-no result} (ctest exit $ctest_rc)"
+  case $trainer_source in
+    build) echo "trainer: built here" ;;
+    bundle) echo "trainer: bundled ($(head -1 "$bundle/MANIFEST"))" ;;
+    *) echo "trainer: none (GPU-only build, no bundle: run perf/gpu_bundle.sh on the Debian machine and carry .gpu-bundle)" ;;
+  esac
   echo
   echo "| model | precision | batch | mptrain nn::Model samples/s | mptrain-kernels samples/s | PyTorch samples/s | nn::Model / PyTorch | kernels / PyTorch |"
   echo "|---|---|---|---|---|---|---|---|"
@@ -377,10 +463,10 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a 
   echo
   echo "total time $(( $(date +%s) - start )) s"
 } | tee "$build/gpu_check.txt"
+# $OUT (the device tool's return folder, at most 8 files): the summary, and every log of this
+# check (the build's, each stage's and each training run's) in one archive.
 if [[ -n ${OUT:-} ]]; then
   cp "$build/gpu_check.txt" "$OUT/gpu_check.txt"
-  cp "$build/ctest.log" "$build/gpu_bench.log" "$build/gpu_bench_graphs.log" "$build/pytorch.log" \
-    "$build/gpu_bench_big.log" "$build/pytorch_big.log" "$build/trainer.log" "$OUT/" 2>/dev/null || true
-  cp "$build/nccl.log" "$build/nccl-ctest.log" "$OUT/" 2>/dev/null || true
+  (cd "$build" && find . -maxdepth 2 -name '*.log' -print0 | tar --null -czf "$OUT/gpu_check_logs.tar.gz" -T -)
 fi
 exit $(( ctest_rc != 0 ))
