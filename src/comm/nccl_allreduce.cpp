@@ -129,8 +129,9 @@ class NcclBackend final : public NcclAllreduce {
   void rail_calls(void* base, std::int64_t n, std::int64_t base_element);
   // Waits for the comm stream (see the definition for why it polls).
   void wait();
-  // A device buffer of at least BYTES (DEVICE_SCRATCH) or pinned host memory (HOST_STAGING):
-  // planned by the first, largest, bucket; later calls reuse it.
+  // A device buffer of at least BYTES (DEVICE_SCRATCH) or pinned host memory (HOST_STAGING),
+  // grown when a bucket needs more than any before (after the comm stream has drained the old
+  // one) and reused by the others.
   void* device_scratch(std::size_t bytes);
   void* host_staging(std::size_t bytes);
 
@@ -223,7 +224,12 @@ void* NcclBackend::device_scratch(std::size_t bytes) {
 
 void* NcclBackend::host_staging(std::size_t bytes) {
   if (bytes <= staging_bytes_) return staging_;
-  if (staging_ != nullptr) MPT_CHECK_CUDA(cudaFreeHost(staging_));  // the stream is idle here
+  if (staging_ != nullptr) {
+    // A larger bucket than any before (the first is capped by --comm.first-bucket-mb): the
+    // previous bucket's copy back out of the old buffer may still be queued on the stream.
+    wait();
+    MPT_CHECK_CUDA(cudaFreeHost(staging_));
+  }
   // Pinned: the copies run at full PCIe speed and truly asynchronously on the comm stream.
   MPT_CHECK_CUDA(cudaHostAlloc(&staging_, bytes, cudaHostAllocDefault));
   staging_bytes_ = bytes;
@@ -400,7 +406,7 @@ void NcclBackend::rails(void* wire, std::int64_t n, Range mine) {
     // memory, once the reduce-scatter has written it; the all-gather is queued after MPI
     // returned, so NCCL and MPI never touch the buffer at the same time.
     wait();
-    rail_calls(wire, n, mine.begin);
+    rail_calls(wire, n, 0);  // WIRE holds the whole buffer, from element 0
     return;
   }
   const std::size_t bytes = static_cast<std::size_t>(mine.size()) * wire_size_;
