@@ -6,9 +6,10 @@
 // per-step value from device memory (the step state, kernels/step_state.hpp), and never
 // synchronise with the host (no copy to or from pageable memory, no read-back); the trainer
 // copies each batch into fixed buffers before the replay, and refuses layers that break this
-// (nn::Layer::graph_safe).
+// (nn::Layer::graph_blocker).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -36,10 +37,13 @@ class StepGraph {
   void capture(const std::function<void()>& body);
   bool captured() const { return exec_ != nullptr; }
   // Launches the captured work on the compute stream, after the work queued there so far.
+  // Aborts if a planned device scratch buffer was replaced since the capture
+  // (device_memory::scratch_generation): the graph would use the freed block.
   void replay();
 
  private:
   std::string name_;
+  std::uint64_t scratch_generation_ = 0;  // at the capture
   void* graph_ = nullptr;  // cudaGraph_t
   void* exec_ = nullptr;   // cudaGraphExec_t
 };

@@ -64,6 +64,7 @@ float* partial_rows(std::size_t floats) {
   static float* scratch = nullptr;
   static std::size_t capacity = 0;
   if (floats > capacity) {
+    if (scratch != nullptr) device_memory::note_scratch_replaced();
     device_memory::free_cuda(scratch);  // the arena's blocks: no cudaMalloc once it holds them
     scratch = static_cast<float*>(device_memory::allocate_cuda(floats * sizeof(float)));
     capacity = floats;

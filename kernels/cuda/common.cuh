@@ -136,8 +136,9 @@ void launch_unscale_check(const char* op, std::span<const Tensor> inputs, std::s
 void launch_sum_of_squares(const char* op, const float* values, std::int64_t n, double* total,
                            const std::int32_t* skip);
 
-// 16-bit storage <-> f32 on the device: exact widening, round to nearest even (Inf and NaN kept,
-// fp16 overflow to Inf), bit for bit what the host converters do.
+// 16-bit storage <-> f32 on the device: exact widening, round to nearest even (Inf kept, fp16
+// overflow to Inf), bit for bit what the host converters do for every number. A NaN stays a NaN
+// but may come out as the canonical one, where the host keeps its sign and payload.
 __device__ inline float widen16(std::uint16_t bits, bool is_f16) {
   return is_f16 ? __half2float(__ushort_as_half(bits)) : __uint_as_float(std::uint32_t{bits} << 16);
 }

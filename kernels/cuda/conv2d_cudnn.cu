@@ -355,6 +355,12 @@ bool CudnnConv2d::plan(const Conv2dGeometry& g, std::int64_t out_channels, std::
   };
   const std::int64_t in = g.channels * g.height * g.width;
   const std::int64_t out = out_channels * g.col_columns();
+  // cuDNN's convolution kernels index a tensor with 32-bit integers: a larger batch keeps the
+  // im2col path (as PyTorch splits such a batch).
+  if (max_batch * std::max(in, out) > INT_MAX) {
+    s.why_not = "a batch of " + std::to_string(max_batch) + " has over 2^31 elements in a tensor";
+    return false;
+  }
   s.x_offset = 0;
   s.dy_offset = s.x_offset + (dtype == DType::f32 ? 0 : bytes(max_batch * in));
   s.partials_offset = s.dy_offset + (relu ? bytes(max_batch * out) : 0);

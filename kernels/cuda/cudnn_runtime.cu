@@ -13,18 +13,14 @@ struct DeviceCudnn {
   std::size_t scratch_bytes = 0;
 };
 
-// Handles live until exit. The registry is created after the CUDA runtime has initialised
-// (cudnnCreate needs a context), so its destructor runs before the runtime's teardown; a
-// failure there is ignored, since the job is ending anyway.
+// Handles live until exit and are never destroyed: a static destructor could run after the
+// CUDA runtime's own teardown (the order depends on which was first used), and the driver frees
+// them with the process anyway (as the arena's slabs).
 class CudnnRegistry {
  public:
   static CudnnRegistry& instance() {
-    static CudnnRegistry registry;
-    return registry;
-  }
-  ~CudnnRegistry() {
-    for (auto& [device, state] : devices_)
-      if (state.handle) cudnnDestroy(state.handle);
+    static CudnnRegistry* const registry = new CudnnRegistry;
+    return *registry;
   }
   DeviceCudnn& current() {
     int device = 0;
@@ -61,6 +57,7 @@ void reserve_cudnn_scratch(std::size_t bytes) {
   // still read it finishes first (a synchronisation, outside the training step).
   if (state.scratch) {
     MPT_CHECK_CUDA(cudaDeviceSynchronize());
+    device_memory::note_scratch_replaced();
     device_memory::free_cuda(state.scratch);
   }
   state.scratch = device_memory::allocate_cuda(bytes);

@@ -3,6 +3,8 @@
 #include <string>
 #include <utility>
 
+#include "core/device_memory.hpp"
+#include "core/error.hpp"
 #include "kernels/cuda/common.cuh"
 #include "kernels/graph.hpp"
 
@@ -45,6 +47,11 @@ void StepGraph::capture(const std::function<void()>& body) {
               "default stream, which CUDA graphs cannot capture (hint: unset "
               "MPTRAIN_CUDA_LEGACY_STREAM, or run without --cuda.graphs)");
   destroy(graph_, exec_);  // a second capture replaces the first
+  // A call that fails inside the capture is often not the culprit: say what was going on.
+  const FailureContext context("capturing CUDA graph '" + name_ +
+                               "': a synchronising call, an allocation or another thread's use "
+                               "of the legacy default stream invalidates a capture");
+  scratch_generation_ = device_memory::scratch_generation();
   const cudaStream_t compute = cuda::stream();
   // Thread-local: only this thread's unsafe calls (synchronous copies, cudaMalloc, stream
   // synchronisation) are refused during the capture; other threads (the prefetcher's copy
@@ -81,6 +88,10 @@ void StepGraph::capture(const std::function<void()>& body) {
 void StepGraph::replay() {
   if (exec_ == nullptr)
     abort_job("cuda graph '" + name_ + "': replay() before a successful capture()");
+  if (device_memory::scratch_generation() != scratch_generation_)
+    abort_job("cuda graph '" + name_ + "': a device scratch buffer was replaced by a larger one "
+              "after the capture (a layer planned for more samples?), and the graph would use "
+              "the freed block: plan every model before capturing");
   const cudaError_t status = cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), cuda::stream());
   if (status != cudaSuccess)
     abort_job("cuda graph '" + name_ + "': replay failed: cudaGraphLaunch: " +

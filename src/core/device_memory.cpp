@@ -3,6 +3,7 @@
 #include "core/device_memory.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -275,5 +276,12 @@ void Readback::start(const void* src, Device src_device) {
 const void* Readback::wait() { return host_; }
 
 #endif
+
+namespace {
+std::atomic<std::uint64_t> g_scratch_generation{0};
+}  // namespace
+
+std::uint64_t scratch_generation() { return g_scratch_generation.load(); }
+void note_scratch_replaced() { g_scratch_generation.fetch_add(1); }
 
 }  // namespace mpt::device_memory

@@ -29,6 +29,11 @@ void set_cuda_device(int device);
 void* allocate_cuda(std::size_t bytes);
 // Back to the arena, not to the driver. Never aborts: called from destructors.
 void free_cuda(void* pointer);
+// How many times a planned device scratch buffer (shared by kernels, grown on demand) was
+// replaced by a larger one, its old block going back to the arena. A CUDA graph keeps the
+// addresses it captured, so kernels::StepGraph refuses to replay across a replacement.
+std::uint64_t scratch_generation();
+void note_scratch_replaced();
 // Takes a slab for BYTES now unless one fits already (false: no CUDA, or out of memory).
 bool reserve_cuda(std::size_t bytes);
 // The arena's counters: slabs are its cudaMalloc calls; all zero without CUDA.

@@ -13,6 +13,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 namespace mpt {
 namespace {
@@ -74,8 +75,23 @@ void throw_user_error(std::string what, std::string hint) {
   throw UserError(std::move(what), std::move(hint));
 }
 
+namespace {
+thread_local std::string g_failure_context;
+}  // namespace
+
+std::string detail::failure_context_suffix() {
+  return g_failure_context.empty() ? std::string() : " (while " + g_failure_context + ")";
+}
+
+FailureContext::FailureContext(std::string what) : previous_(std::move(g_failure_context)) {
+  g_failure_context = std::move(what);
+}
+
+FailureContext::~FailureContext() { g_failure_context = std::move(previous_); }
+
 void abort_job(const std::string& message) {
-  std::fprintf(stderr, "mptrain: fatal: [%s] %s\n", process_where().c_str(), message.c_str());
+  std::fprintf(stderr, "mptrain: fatal: [%s] %s%s\n", process_where().c_str(), message.c_str(),
+               detail::failure_context_suffix().c_str());
   abort_all(3);
 }
 
@@ -112,8 +128,9 @@ std::string hdf5_error_string(long long) { return "HDF5 call failed"; }
 
 void check_failed(const char* library, const char* call_text, const std::string& description,
                   const char* file, int line) {
-  std::fprintf(stderr, "mptrain: fatal: [%s, device %s] %s call `%s` failed: %s at %s:%d\n",
-               process_where().c_str(), g_device.c_str(), library, call_text, description.c_str(), file, line);
+  std::fprintf(stderr, "mptrain: fatal: [%s, device %s] %s call `%s` failed: %s at %s:%d%s\n",
+               process_where().c_str(), g_device.c_str(), library, call_text, description.c_str(),
+               file, line, failure_context_suffix().c_str());
   abort_all(3);
 }
 

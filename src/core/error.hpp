@@ -42,10 +42,26 @@ inline bool mpi_ok(int code) { return code == 0; }
 std::string mpi_error_string(int code);
 inline bool hdf5_ok(long long status) { return status >= 0; }
 std::string hdf5_error_string(long long status);
+// " (while WHAT)" for this thread's innermost FailureContext, or "" (what fatal lines end with).
+std::string failure_context_suffix();
 }  // namespace detail
 
 // Aborts the job (all ranks) with a one-line message; for internal invariants broken at run time.
 [[noreturn]] void abort_job(const std::string& message);
+
+// While one lives, the fatal failures of this thread (check_failed, abort_job) end with
+// "(while WHAT)": what the thread was doing where the call that failed may not be the culprit,
+// such as capturing a CUDA graph. Nested contexts restore the outer one.
+class FailureContext {
+ public:
+  explicit FailureContext(std::string what);
+  ~FailureContext();
+  FailureContext(const FailureContext&) = delete;
+  FailureContext& operator=(const FailureContext&) = delete;
+
+ private:
+  std::string previous_;
+};
 
 }  // namespace mpt
 

@@ -4,6 +4,7 @@
 #include "nn/pool2d_layer.hpp"
 
 #include <algorithm>
+#include <climits>
 
 #include "core/error.hpp"
 
@@ -66,7 +67,9 @@ void Pool2dLayer::plan(std::int64_t max_batch, DType precision) {
   storage_ = precision;
   uses_cudnn_ = false;
 #ifdef MPTRAIN_HAVE_CUDNN
-  if (device_ == Device::cuda && cuda_conv_path() == CudaConvPath::cudnn) {
+  // cuDNN indexes a tensor with 32-bit integers: a larger batch keeps the CUDA twins.
+  if (device_ == Device::cuda && cuda_conv_path() == CudaConvPath::cudnn &&
+      max_batch * std::max(in, out) <= INT_MAX) {
     cudnn_.plan(geometry_, channels_, precision, mode_ == PoolMode::max);
     uses_cudnn_ = true;
   }

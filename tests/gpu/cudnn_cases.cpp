@@ -74,6 +74,8 @@ void check_conv(Harness& h, Random& rng, const ConvShape& s, DType dtype) {
     h.expect(false, std::string("CudnnConv2d::plan") + label, conv.describe());
     return;
   }
+  // The algorithms of the planned batch, so that a result out of tolerance names them.
+  const std::string algorithms = " {" + conv.describe() + "}";
   conv.forward(xd, wd, dev(bias), yd);
   conv.backward(xd, wd, yd, dev(dy), dwd, dbd, &dxd);
 
@@ -110,7 +112,7 @@ void check_conv(Harness& h, Random& rng, const ConvShape& s, DType dtype) {
           dy_masked.data<float>()[at] =
               s.relu && !(y_got.data<float>()[at] > 0.f) ? 0.f : dy_in.data<float>()[at];
         }
-  h.expect_close(std::string("CudnnConv2d::forward") + label, yd, y_ref, conv_tolerance(dtype),
+  h.expect_close(std::string("CudnnConv2d::forward") + label + algorithms, yd, y_ref, conv_tolerance(dtype),
                  &y_size);
 
   Tensor dw_ref(w_shape, DType::f32), dw_size(w_shape, DType::f32);
@@ -155,9 +157,9 @@ void check_conv(Harness& h, Random& rng, const ConvShape& s, DType dtype) {
     dx_size.data<float>()[e] = static_cast<float>(dx_abs[static_cast<std::size_t>(e)]);
   }
   const Tolerance tol = conv_tolerance(dtype);
-  h.expect_close(std::string("CudnnConv2d::backward dw") + label, dwd, dw_ref, tol, &dw_size);
-  h.expect_close(std::string("CudnnConv2d::backward db") + label, dbd, db_ref, tol, &db_size);
-  h.expect_close(std::string("CudnnConv2d::backward dx") + label, dxd, dx_ref, tol, &dx_size);
+  h.expect_close(std::string("CudnnConv2d::backward dw") + label + algorithms, dwd, dw_ref, tol, &dw_size);
+  h.expect_close(std::string("CudnnConv2d::backward db") + label + algorithms, dbd, db_ref, tol, &db_size);
+  h.expect_close(std::string("CudnnConv2d::backward dx") + label + algorithms, dxd, dx_ref, tol, &dx_size);
   h.expect(host_f32(dw_base).data<float>()[s.misaligned_weight ? 0 : shape_numel(w_shape)] == 0.f,
            std::string("CudnnConv2d writes dw and nothing beside it") + label);
 }
