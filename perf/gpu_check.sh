@@ -8,20 +8,24 @@
 # a C++20 compiler, python3 with torch.
 # Builds the GPU-only subset unless MPI, HDF5, Boost and Kokkos are all present; the trainer
 # stages then run the prebuilt trainer of perf/gpu_bundle.sh where its archive was carried
-# along (.gpu-bundle/mptrain-bundle.tar.xz, or --bundle). Aims to finish
-# in about 2-3 minutes on one H200 (62 s on 2026-11-29, before the graph and batch-8192 stages);
-# every stage has its own timeout.
+# along (.gpu-bundle/mptrain-bundle.tar.xz, or --bundle). Aims to finish well inside 8 minutes
+# on one H200 (62 s on 2026-11-29, when it did far less; not yet timed since): every stage has its
+# own timeout, the optional last stages are skipped after --budget seconds, and each stage saves
+# the logs so far to $OUT.
 set -uo pipefail
 
 usage() {
   cat <<'USAGE'
 Usage: perf/gpu_check.sh [--steps N] [--batch B] [--build-dir DIR] [--jobs J] [--bundle FILE]
+                         [--budget S]
   --steps N      timed training steps per precision (default 200)
   --batch B      samples per step (default 256)
   --build-dir D  build folder (default build/gpu-check)
   --jobs J       build jobs (default: all cores)
   --bundle F     perf/gpu_bundle.sh's archive, used where this machine cannot build the
                  trainer (default .gpu-bundle/mptrain-bundle.tar.xz, if present)
+  --budget S     seconds after which the last, optional stages (the GPU-bound batch and its
+                 ncu profile) are skipped, so that the summary is written (default 420)
 USAGE
 }
 
@@ -30,6 +34,7 @@ batch=256
 build=build/gpu-check
 jobs=$(nproc 2>/dev/null || echo 4)
 bundle_archive=.gpu-bundle/mptrain-bundle.tar.xz
+budget=420
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --steps) steps=$2; shift 2 ;;
@@ -37,14 +42,29 @@ while [[ $# -gt 0 ]]; do
     --build-dir) build=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
     --bundle) bundle_archive=$2; shift 2 ;;
+    --budget) budget=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+[[ $budget =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget takes whole seconds, not '$budget'" >&2; exit 2; }
 
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-stage() { echo; echo "== [$(( $(date +%s) - start ))s] $*"; }
+# Every stage first saves the logs so far to $OUT (the device tool's return folder, at most 8
+# files), so that a run cut short by its time limit still brings them back.
+save_logs() {
+  [[ -n ${OUT:-} && -d $build ]] || return 0
+  (cd "$build" && find . -maxdepth 2 -name '*.log' -print0 \
+    | tar --null -czf "$OUT/gpu_check_logs.tar.gz" -T -) 2>/dev/null || true
+}
+stage() { save_logs; echo; echo "== [$(( $(date +%s) - start ))s] $*"; }
+# over_budget WHAT: true (and says so) once --budget seconds have passed.
+over_budget() {
+  local elapsed=$(( $(date +%s) - start ))
+  (( elapsed > budget )) || return 1
+  echo "gpu_check.sh: ${elapsed} s gone, over the --budget of ${budget} s: skipping $1"
+}
 # The first Python that has torch (python3 on PATH, else the system one).
 python=python3
 for candidate in python3 /usr/bin/python3 python; do
@@ -203,21 +223,6 @@ for precision in fp16 fp32; do
     | tee -a "$build/gpu_bench_graphs.log"
 done
 
-# The mlp at a GPU-bound batch (8192: about 90 GFLOP a step), where launches no longer hide
-# what the GPU does: nn::Model against PyTorch AMP, side by side, 50 steps each. The 16-bit
-# nn::Model was 0.54-0.61x PyTorch here on 2026-11-29; its dense layers now run one GEMM per
-# operand over the whole batch on the device (Model::plan), not 16 blocks of 512 rows.
-big_batch=8192
-stage "GPU-bound batch $big_batch: gpu_bench and PyTorch, mlp"
-: > "$build/gpu_bench_big.log"
-: > "$build/pytorch_big.log"
-timeout 60 "$build/perf/gpu/gpu_bench" --model mlp --no-gemm --steps 50 --warmup 5 \
-  --batch "$big_batch" 2>&1 | tee -a "$build/gpu_bench_big.log"
-for precision in fp32 fp16 bf16; do
-  timeout 60 "$python" perf/pytorch_gpu.py --model mlp --batch "$big_batch" --steps 50 \
-    --precision "$precision" 2>&1 | tee -a "$build/pytorch_big.log"
-done
-
 stage "PyTorch peers (perf/pytorch_gpu.py and torch.matmul)"
 : > "$build/pytorch.log"
 for model in mlp cnn; do
@@ -303,6 +308,35 @@ if [[ $trainer_source != none ]]; then
           printf "trainer model=%s final_train_loss cuda=%s cuda+graphs=%s\n", m, loss["cuda"], loss["cuda+graphs"]
       }' "$build/trainer.log" | tee -a "$build/trainer.log"
   done
+  # Is the GPU ever idle waiting for data (issue #8)? The mlp (the least compute per sample, so
+  # the hardest to feed) and the cnn on cuda for 120 steps (3 epochs, a window every 20 steps),
+  # with prefetch on (8 batches ahead, 4 I/O threads), then off (--data.prefetch=0, each batch
+  # read when the step wants it) for contrast: each run's data_wait_fraction over the run, and
+  # the largest over the windows after the first (which holds the pipeline's fill).
+  for model in mlp cnn; do
+    for prefetch in 8 0; do
+      run=$build/trainer-$model-cuda-prefetch$prefetch
+      threads=1
+      (( prefetch > 0 )) && threads=4  # an I/O thread fills one read-ahead batch at a time
+      rc=0
+      timeout 60 "${with_env[@]}" mpiexec -n 1 "$mptrain" train --data.train="$data/train.h5" \
+        --data.test="$data/test.h5" --model.name="$model" --train.max-steps=120 \
+        --train.batch-size=256 --train.log-every=20 --device=cuda --data.prefetch=$prefetch \
+        --data.io-threads=$threads --output.dir="$run" --output.overwrite --output.progress=lines \
+        > "$run.log" 2>&1 || rc=$?
+      if [[ $rc -eq 0 && -f $run/summary.json && -f $run/metrics.jsonl ]]; then
+        steady=$("$python" -c 'import json, sys
+fractions = [r["data_wait_fraction"] for r in map(json.loads, open(sys.argv[1])) if "data_wait_fraction" in r]
+print(f"{max(fractions[1:]):.4f}" if len(fractions) > 1 else "-1")' "$run/metrics.jsonl")
+        run_line "trainer model=$model device=cuda prefetch=$prefetch io_threads=$threads" "$run/summary.json" \
+          samples_per_s data_wait_fraction 2>&1 | sed "s/\$/ steady_window_max_data_wait_fraction=$steady/" \
+          | tee -a "$build/trainer.log"
+      else
+        echo "trainer model=$model device=cuda prefetch=$prefetch failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
+          | tee -a "$build/trainer.log"
+      fi
+    done
+  done
   # Two ranks on the one GPU: NCCL refuses that, so the all-reduce stays on the host backends and
   # stages the device gradients bucket by bucket through pinned memory (kernels/staging.hpp),
   # overlapping backward (1 MiB buckets: several for the mlp). Beside the same two ranks on the
@@ -382,6 +416,45 @@ if [[ $nccl_test != none ]]; then
   fi
 fi
 
+# The mlp at a GPU-bound batch (8192: about 90 GFLOP a step), where launches no longer hide
+# what the GPU does: nn::Model against PyTorch AMP, side by side, 50 steps each. The 16-bit
+# nn::Model was 0.54-0.61x PyTorch here on 2026-11-29; its dense layers now run one GEMM per
+# operand over the whole batch on the device (Model::plan), not 16 blocks of 512 rows.
+big_batch=8192
+: > "$build/gpu_bench_big.log"
+: > "$build/pytorch_big.log"
+: > "$build/ncu.txt"
+if over_budget "the GPU-bound batch and the ncu profile"; then
+  echo "GPU-bound batch and ncu: skipped (over the --budget of ${budget} s)" | tee "$build/ncu.txt"
+else
+  stage "GPU-bound batch $big_batch: gpu_bench and PyTorch, mlp"
+  timeout 60 "$build/perf/gpu/gpu_bench" --model mlp --no-gemm --steps 50 --warmup 5 \
+    --batch "$big_batch" 2>&1 | tee -a "$build/gpu_bench_big.log"
+  for precision in fp32 fp16 bf16; do
+    timeout 60 "$python" perf/pytorch_gpu.py --model mlp --batch "$big_batch" --steps 50 \
+      --precision "$precision" 2>&1 | tee -a "$build/pytorch_big.log"
+  done
+
+  # Where the GPU-bound step's time goes, kernel by kernel: one timed nn::Model step of the mlp
+  # at batch 8192 under Nsight Compute (gpu_bench's timed loop is the profiler range), in fp16 and
+  # fp32, totalled per kernel by perf/gpu/ncu_summary.py. The 16-bit nn::Model was slower than
+  # the fp32 one here on 2026-11-29; these tables say where. Skipped where ncu is missing.
+  if command -v ncu >/dev/null; then
+    stage "ncu: one nn::Model step, mlp, batch $big_batch, fp16 and fp32"
+    for precision in fp16 fp32; do
+      timeout 120 ncu --csv --print-units base --print-kernel-base function --clock-control none \
+        --profile-from-start off --metrics gpu__time_duration.sum \
+        "$build/perf/gpu/gpu_bench" --model mlp --model-only --no-gemm --steps 1 --warmup 3 \
+        --batch "$big_batch" --precision "$precision" > "$build/ncu-mlp-$precision.log" 2>&1
+      "$python" perf/gpu/ncu_summary.py "$build/ncu-mlp-$precision.log" \
+        --label "ncu: mlp nn::Model, $precision, batch $big_batch" 2>&1 | tee -a "$build/ncu.txt"
+      echo | tee -a "$build/ncu.txt"
+    done
+  else
+    echo "ncu: not on PATH, no kernel profile" | tee "$build/ncu.txt"
+  fi
+fi
+
 stage "summary"
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
 # ratio A B: A / B to two decimals, or n/a when either is missing or not positive.
@@ -450,9 +523,13 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a 
       echo "| $size | $precision | ${ours:-n/a} | ${theirs:-n/a} | $ratio |"
     done
   done
+  if [[ -s $build/ncu.txt ]]; then
+    echo
+    cat "$build/ncu.txt"
+  fi
   if [[ -s $build/trainer.log ]]; then
     echo
-    echo "mptrain train, 40 steps (1 epoch), batch 256, one rank (synthetic 1x28x28, 10 classes):"
+    echo "mptrain train (synthetic 1x28x28, 10 classes; one rank and 40 steps of 256 unless the line says otherwise):"
     cat "$build/trainer.log"
   fi
   if [[ -s $build/nccl.log ]]; then
@@ -463,10 +540,8 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a 
   echo
   echo "total time $(( $(date +%s) - start )) s"
 } | tee "$build/gpu_check.txt"
-# $OUT (the device tool's return folder, at most 8 files): the summary, and every log of this
-# check (the build's, each stage's and each training run's) in one archive.
-if [[ -n ${OUT:-} ]]; then
-  cp "$build/gpu_check.txt" "$OUT/gpu_check.txt"
-  (cd "$build" && find . -maxdepth 2 -name '*.log' -print0 | tar --null -czf "$OUT/gpu_check_logs.tar.gz" -T -)
-fi
+# $OUT: the summary, and every log of this check (the build's, each stage's and each training
+# run's) in one archive.
+save_logs
+[[ -n ${OUT:-} ]] && cp "$build/gpu_check.txt" "$OUT/gpu_check.txt"
 exit $(( ctest_rc != 0 ))

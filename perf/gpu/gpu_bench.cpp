@@ -19,6 +19,7 @@
 //      kernel-level step (2) is skipped then, since its fp16 overflow check reads a flag on the
 //      host, which a capture cannot contain.
 // perf/gpu_check.sh runs it beside perf/pytorch_gpu.py (the same model in PyTorch AMP).
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -58,14 +59,18 @@ void check(cudaError_t status, const char* what) {
 // Seconds of GPU time for CALLS calls of BODY, between two events on the legacy default stream,
 // which orders them after and before the work of the (blocking) compute stream.
 template <class Body>
-double time_gpu(int calls, const Body& body) {
+double time_gpu(int calls, const Body& body, bool profiled = false) {
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "cudaEventCreate");
   check(cudaEventCreate(&stop), "cudaEventCreate");
+  // A timed step loop is the profiler's range (ncu --profile-from-start off profiles only
+  // these kernels, not the set-up, warm-up or capture); a no-op without a profiler.
+  if (profiled) check(cudaProfilerStart(), "cudaProfilerStart");
   check(cudaEventRecord(start), "cudaEventRecord");
   for (int i = 0; i < calls; ++i) body(i);
   check(cudaEventRecord(stop), "cudaEventRecord");
   check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+  if (profiled) check(cudaProfilerStop(), "cudaProfilerStop");
   float ms = 0;
   check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
   cudaEventDestroy(start);
@@ -195,7 +200,7 @@ double bench_mlp(DType dtype, std::int64_t batch, int steps, int warmup) {
                     nullptr);
   };
   time_gpu(warmup, step);
-  const double seconds = time_gpu(steps, [&](int i) { step(i + warmup); });
+  const double seconds = time_gpu(steps, [&](int i) { step(i + warmup); }, true);
   return static_cast<double>(batch) * steps / seconds;
 }
 
@@ -254,9 +259,9 @@ double bench_model(const std::string& name, DType dtype, std::int64_t batch, int
     // allocate. Not timed: instantiation is a one-off.
     k::StepGraph graph("gpu_bench " + name + " step");
     graph.capture([&] { step(warmup); });
-    seconds = time_gpu(steps, [&](int) { graph.replay(); });
+    seconds = time_gpu(steps, [&](int) { graph.replay(); }, true);
   } else {
-    seconds = time_gpu(steps, [&](int i) { step(i + warmup); });
+    seconds = time_gpu(steps, [&](int i) { step(i + warmup); }, true);
   }
   return static_cast<double>(batch) * steps / seconds;
 }
@@ -264,7 +269,7 @@ double bench_model(const std::string& name, DType dtype, std::int64_t batch, int
 int run(int argc, char** argv) {
   int steps = 200, warmup = 20;
   std::int64_t batch = 256;
-  bool gemm = true, graphs = false;
+  bool gemm = true, graphs = false, kernel_step = true;
   std::string model = "mlp";
   nn::CudaConvPath conv = nn::cuda_conv_path();
   std::vector<DType> precisions{DType::f32, DType::f16, DType::bf16};
@@ -279,15 +284,18 @@ int run(int argc, char** argv) {
     else if (arg == "--batch") batch = std::stoll(value());
     else if (arg == "--no-gemm") gemm = false;
     else if (arg == "--graphs") graphs = true;
+    else if (arg == "--model-only") kernel_step = false;
     else if (arg == "--model") model = value();
     else if (arg == "--conv") conv = nn::cuda_conv_path_from_name(value(), "--conv");
     else if (arg == "--precision") precisions = {dtype_from_name(value(), "--precision")};
     else if (arg == "--help") {
       std::printf(
           "usage: gpu_bench [--steps N] [--warmup N] [--batch B] [--precision fp32|fp16|bf16] "
-          "[--model mlp|cnn|resnet-mini] [--conv cudnn|im2col] [--no-gemm] [--graphs]\n"
-          "  --graphs  capture each nn::Model step as one CUDA graph and time its replays\n"
-          "            (default off; skips the kernel-level mlp step)\n");
+          "[--model mlp|cnn|resnet-mini] [--conv cudnn|im2col] [--no-gemm] [--graphs] [--model-only]\n"
+          "  --graphs      capture each nn::Model step as one CUDA graph and time its replays\n"
+          "                (default off; skips the kernel-level mlp step)\n"
+          "  --model-only  time nn::Model alone, without the kernel-level mlp step\n"
+          "  Each timed loop is a profiler range: ncu --profile-from-start off profiles it alone.\n");
       return 0;
     } else {
       throw_user_error("unknown option " + arg, "see gpu_bench --help");
@@ -311,7 +319,7 @@ int run(int argc, char** argv) {
   std::printf("gpu_bench on %s\n", device_memory::cuda_device_description().c_str());
   if (gemm) bench_gemm();
   // The kernel-level step reads its fp16 overflow flag on the host: never captured.
-  for (DType dtype : model == "mlp" && !graphs ? precisions : std::vector<DType>{}) {
+  for (DType dtype : model == "mlp" && !graphs && kernel_step ? precisions : std::vector<DType>{}) {
     const double rate = bench_mlp(dtype, batch, steps, warmup);
     std::printf("mptrain-kernels model=mlp precision=%s batch=%lld steps=%d samples_per_s=%.1f\n",
                 precision_name(dtype), static_cast<long long>(batch), steps, rate);
