@@ -421,6 +421,7 @@ fi
 # nn::Model was 0.54-0.61x PyTorch here on 2026-11-29; its dense layers now run one GEMM per
 # operand over the whole batch on the device (Model::plan), not 16 blocks of 512 rows.
 big_batch=8192
+mlp16_spec=flatten,dense:1024,relu,dense:1024,relu,dense:10
 : > "$build/gpu_bench_big.log"
 : > "$build/pytorch_big.log"
 : > "$build/ncu.txt"
@@ -430,6 +431,10 @@ else
   stage "GPU-bound batch $big_batch: gpu_bench and PyTorch, mlp"
   timeout 60 "$build/perf/gpu/gpu_bench" --model mlp --no-gemm --steps 50 --warmup 5 \
     --batch "$big_batch" 2>&1 | tee -a "$build/gpu_bench_big.log"
+  # The same mlp behind a flatten layer, which casts the f32 input to the 16-bit precision once
+  # (as autocast does), so that the first dense layer computes in 16 bits too, not in f32.
+  timeout 60 "$build/perf/gpu/gpu_bench" --model "$mlp16_spec" --model-only --no-gemm --steps 50 \
+    --warmup 5 --batch "$big_batch" 2>&1 | tee -a "$build/gpu_bench_big.log"
   for precision in fp32 fp16 bf16; do
     timeout 60 "$python" perf/pytorch_gpu.py --model mlp --batch "$big_batch" --steps 50 \
       --precision "$precision" 2>&1 | tee -a "$build/pytorch_big.log"
@@ -437,17 +442,22 @@ else
 
   # Where the GPU-bound step's time goes, kernel by kernel: one timed nn::Model step of the mlp
   # at batch 8192 under Nsight Compute (gpu_bench's timed loop is the profiler range), in fp16 and
-  # fp32, totalled per kernel by perf/gpu/ncu_summary.py. The 16-bit nn::Model was slower than
-  # the fp32 one here on 2026-11-29; these tables say where. Skipped where ncu is missing.
+  # fp32, and with the input cast first in fp16, totalled per kernel by perf/gpu/ncu_summary.py.
+  # The 16-bit nn::Model was slower than the fp32 one here on 2026-11-29; these tables say where.
+  # Skipped where ncu is missing.
   if command -v ncu >/dev/null; then
-    stage "ncu: one nn::Model step, mlp, batch $big_batch, fp16 and fp32"
-    for precision in fp16 fp32; do
+    stage "ncu: one nn::Model step, mlp, batch $big_batch: fp16, fp32, fp16 with the input cast first"
+    for run in mlp:fp16 mlp:fp32 "$mlp16_spec:fp16"; do
+      model=${run%:*}
+      precision=${run##*:}
+      label=mlp
+      [[ $model != mlp ]] && label=mlp-cast-first
       timeout 120 ncu --csv --print-units base --print-kernel-base function --clock-control none \
         --profile-from-start off --metrics gpu__time_duration.sum \
-        "$build/perf/gpu/gpu_bench" --model mlp --model-only --no-gemm --steps 1 --warmup 3 \
-        --batch "$big_batch" --precision "$precision" > "$build/ncu-mlp-$precision.log" 2>&1
-      "$python" perf/gpu/ncu_summary.py "$build/ncu-mlp-$precision.log" \
-        --label "ncu: mlp nn::Model, $precision, batch $big_batch" 2>&1 | tee -a "$build/ncu.txt"
+        "$build/perf/gpu/gpu_bench" --model "$model" --model-only --no-gemm --steps 1 --warmup 3 \
+        --batch "$big_batch" --precision "$precision" > "$build/ncu-$label-$precision.log" 2>&1
+      "$python" perf/gpu/ncu_summary.py "$build/ncu-$label-$precision.log" \
+        --label "ncu: $label nn::Model, $precision, batch $big_batch" 2>&1 | tee -a "$build/ncu.txt"
       echo | tee -a "$build/ncu.txt"
     done
   else
@@ -502,15 +512,14 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a 
   done
   echo
   # The GPU-bound batch.
-  echo "| mlp, batch $big_batch | precision | mptrain nn::Model samples/s | mptrain-kernels samples/s | PyTorch samples/s | nn::Model / PyTorch | kernels / PyTorch |"
-  echo "|---|---|---|---|---|---|---|"
+  echo "| mlp, batch $big_batch | precision | mptrain nn::Model samples/s | nn::Model, input cast first (flatten,...) | mptrain-kernels samples/s | PyTorch samples/s | nn::Model / PyTorch | cast first / PyTorch | kernels / PyTorch |"
+  echo "|---|---|---|---|---|---|---|---|---|"
   for precision in fp32 fp16 bf16; do
     model=$(grep "mptrain-model model=mlp precision=$precision " "$build/gpu_bench_big.log" | field samples_per_s)
+    cast_first=$(grep "mptrain-model model=$mlp16_spec precision=$precision " "$build/gpu_bench_big.log" | field samples_per_s)
     ours=$(grep "mptrain-kernels model=mlp precision=$precision " "$build/gpu_bench_big.log" | field samples_per_s)
     theirs=$(grep "pytorch model=mlp precision=$precision " "$build/pytorch_big.log" | field samples_per_s)
-    ratio_model=$(ratio "$model" "$theirs")
-    ratio=$(ratio "$ours" "$theirs")
-    echo "| mlp | $precision | ${model:-n/a} | ${ours:-n/a} | ${theirs:-n/a} | $ratio_model | $ratio |"
+    echo "| mlp | $precision | ${model:-n/a} | ${cast_first:-n/a} | ${ours:-n/a} | ${theirs:-n/a} | $(ratio "$model" "$theirs") | $(ratio "$cast_first" "$theirs") | $(ratio "$ours" "$theirs") |"
   done
   echo
   echo "| GEMM m=n=k | precision | mptrain cuBLASLt TFLOP/s | torch.matmul TFLOP/s | ratio |"

@@ -291,7 +291,7 @@ int run(int argc, char** argv) {
     else if (arg == "--help") {
       std::printf(
           "usage: gpu_bench [--steps N] [--warmup N] [--batch B] [--precision fp32|fp16|bf16] "
-          "[--model mlp|cnn|resnet-mini] [--conv cudnn|im2col] [--no-gemm] [--graphs] [--model-only]\n"
+          "[--model mlp|cnn|resnet-mini|SPEC] [--conv cudnn|im2col] [--no-gemm] [--graphs] [--model-only]\n"
           "  --graphs      capture each nn::Model step as one CUDA graph and time its replays\n"
           "                (default off; skips the kernel-level mlp step)\n"
           "  --model-only  time nn::Model alone, without the kernel-level mlp step\n"
@@ -303,9 +303,11 @@ int run(int argc, char** argv) {
   }
   MPT_REQUIRE(steps > 0 && warmup >= 0 && batch > 0, "--steps/--warmup/--batch",
               "steps and batch must be positive");
-  MPT_REQUIRE(model == "mlp" || model == "cnn" || model == "resnet-mini",
+  // A name, or any model spec (docs/model-spec.md; a bad one is refused by Model::build).
+  MPT_REQUIRE(model == "mlp" || model == "cnn" || model == "resnet-mini" ||
+                  model.find(':') != std::string::npos,
               "--model '" + model + "' is not a model gpu_bench knows",
-              "use mlp, cnn or resnet-mini");
+              "use mlp, cnn, resnet-mini or a spec such as flatten,dense:1024,relu,dense:10");
   MPT_REQUIRE(!graphs || warmup >= 1, "--graphs with --warmup 0",
               "the capture needs an eager step first (plans, scratch buffers): --warmup 1 or more");
   MPT_REQUIRE(!graphs || k::graphs_supported(),

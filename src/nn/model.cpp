@@ -424,11 +424,16 @@ void Model::backward(const Tensor& dlogits, const GradsReady& grads_ready) {
   } clear_hook{context};
   context.grads_ready = grads_ready ? &grads_ready : nullptr;
   context.grads_final_from = grads_.numel();
-  for (std::size_t i = layers_.size(); i-- > 0;) {
+  // The input needs no gradient, and neither does a layer's input when no layer before it has
+  // parameters: backward stops at the first layer with parameters, without its dx (a whole
+  // matmul for a dense; a spec may begin with flatten, say, to cast the input once).
+  std::size_t first_with_params = 0;
+  while (first_with_params < layers_.size() && layer_param_offsets_[first_with_params] < 0)
+    ++first_with_params;
+  for (std::size_t i = layers_.size(); i-- > first_with_params;) {
     const Tensor& input = i == 0 ? flat_inputs_[last_input_] : output_views_[i - 1];
     const Tensor& output_grad = i + 1 == layers_.size() ? dlogits : output_grad_views_[i];
-    // The input needs no gradient: skip the first layer's dx (a whole matmul for a dense).
-    Tensor* input_grad = i == 0 ? nullptr : &output_grad_views_[i - 1];
+    Tensor* input_grad = i == first_with_params ? nullptr : &output_grad_views_[i - 1];
     const bool has_params = layer_param_offsets_[i] >= 0;
     context.running_layer = has_params ? layers_[i].get() : nullptr;
     context.running_layer_offset = has_params ? layer_param_offsets_[i] : 0;

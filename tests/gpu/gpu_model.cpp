@@ -402,7 +402,11 @@ int main(int argc, char** argv) {
       // The im2col path: the cnn again (its block boundaries) and the conv shapes.
       const std::vector<Case> cases =
           cudnn ? std::vector<Case>{{"cnn", "cnn"}, {"resnet-mini", "resnet-mini"},
-                                    {"other layers", others}}
+                                    {"other layers", others},
+                                    // The input cast to 16 bits first, as autocast does: the
+                                    // first dense computes in 16 bits (no convolution here).
+                                    {"mlp, input cast first",
+                                     "flatten,dense:1024,relu,dense:1024,relu,dense:10"}}
                 : std::vector<Case>{{"cnn", "cnn"}};
       for (const Case& c : cases)
         for (const auto& [dtype, tol] : tols)

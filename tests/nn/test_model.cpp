@@ -12,6 +12,8 @@
 
 #include "core/error.hpp"
 #include "core/random.hpp"
+#include "kernels/cast.hpp"
+#include "kernels/copy.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/softmax_xent.hpp"
 #include "kernels/unscale_check.hpp"
@@ -190,6 +192,51 @@ TEST(ModelPlan, SmallerBatchMatchesTheSameRowsOfAFullBatch) {
   exact.backward(dlogits_exact);
   for (std::int64_t i = 0; i < model.num_params(); ++i)
     ASSERT_EQ(model.grads().data<float>()[i], exact.grads().data<float>()[i]) << i;
+}
+
+// Layers without parameters in front of the first one with parameters need no backward (the
+// input needs no gradient), so backward stops at that layer and skips its dx: a spec that
+// begins with flatten (in 16 bits: the input cast to the model's precision once, as autocast
+// does) or relu trains the same parameters to the same gradients as the spec without it, on
+// an input that the 16-bit cast leaves as it is.
+TEST(ModelPlan, LeadingLayersWithoutParametersLeaveTheGradientsAsTheyWere) {
+  for (const DType precision : {DType::f32, DType::f16}) {
+    Model plain = Model::build("dense:16,relu,dense:5", {2, 3}, 5, precision);
+    Model flattened = Model::build("flatten,dense:16,relu,dense:5", {2, 3}, 5, precision);
+    Model rectified = Model::build("relu,relu,dense:16,relu,dense:5", {2, 3}, 5, precision);
+    Tensor labels({4}, DType::i32);
+    for (int i = 0; i < 4; ++i) labels.data<std::int32_t>()[i] = i;
+    // The input in the model's precision, widened back: what the leading layer passes on.
+    const Tensor drawn = random_input({4, 2, 3}, 3);
+    Tensor narrow(drawn.shape(), precision), x(drawn.shape(), DType::f32);
+    kernels::cast(drawn, narrow);
+    kernels::cast(narrow, x);
+    // relu's input: x's magnitudes, so that the first relu passes everything.
+    Tensor x_positive(x.shape(), DType::f32);
+    for (std::int64_t i = 0; i < x.numel(); ++i)
+      x_positive.data<float>()[i] = std::abs(x.data<float>()[i]);
+    const auto gradients = [&](Model& model, const Tensor& input) {
+      model.init_params(11);
+      model.plan(4);
+      Tensor dlogits({4, 5}, DType::f32);
+      kernels::softmax_xent_forward_backward(model.forward(input, true), labels, dlogits, 0.25f);
+      // Every gradient NaN before backward, which must write each one.
+      Tensor nan({model.num_params()}, DType::f32), poison(model.grads().shape(), precision);
+      for (std::int64_t i = 0; i < nan.numel(); ++i) nan.data<float>()[i] = std::nanf("");
+      kernels::cast(nan, poison);
+      kernels::copy(poison, model.grads());
+      model.backward(dlogits);
+      Tensor written({model.num_params()}, DType::f32);
+      kernels::cast(model.grads(), written);
+      for (std::int64_t i = 0; i < written.numel(); ++i)
+        EXPECT_TRUE(std::isfinite(written.data<float>()[i])) << "gradient " << i << " not written";
+      const auto* bytes = static_cast<const unsigned char*>(model.grads().raw());
+      return std::vector<unsigned char>(bytes, bytes + model.grads().size_bytes());
+    };
+    const std::vector<unsigned char> expected = gradients(plain, x);
+    EXPECT_EQ(gradients(flattened, x), expected) << dtype_name(precision);
+    EXPECT_EQ(gradients(rectified, x_positive), gradients(plain, x_positive)) << dtype_name(precision);
+  }
 }
 
 // The hook of backward (how the gradient all-reduce overlaps it): called after each layer with
