@@ -1,13 +1,32 @@
-// CUDA sum of squares in double (see kernels/norm.hpp): per-thread double sums, a warp-shuffle
-// and shared-memory tree per block, and one atomicAdd per block. kernels::cuda::clip_grad_norm
-// (step_state.cu) runs the same kernel into the StepState, gated by its skip verdict.
+// CUDA sum of squares in double (see kernels/norm.hpp): per-thread double sums and a fixed
+// warp-shuffle and shared-memory tree per block, each block's sum into its own slot, then one
+// block sums the slots in index order and adds that to the total. No atomics, so the same
+// gradients give the same bits on every rank and every run: a clipped step's factor depends on
+// it (an atomicAdd per block would add in whatever order the blocks finish).
+// kernels::cuda::clip_grad_norm (step_state.cu) runs the same kernels into the StepState,
+// gated by its skip verdict.
+#include "core/device_memory.hpp"
 #include "kernels/cuda/common.cuh"
 #include "kernels/norm.hpp"
 
 namespace mpt::kernels::cuda {
 namespace {
 
-__global__ void sum_of_squares_kernel(const float* values, std::int64_t n, double* total,
+// SUM of every thread of the block, in a fixed order; valid in thread 0.
+__device__ double block_sum(double sum) {
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+  __shared__ double warp_sums[kThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_sums[warp] = sum;
+  __syncthreads();
+  if (warp == 0) {
+    sum = lane < kThreads / 32 ? warp_sums[lane] : 0;
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+  }
+  return sum;
+}
+
+__global__ void sum_of_squares_kernel(const float* values, std::int64_t n, double* block_sums,
                                       const std::int32_t* skip) {
   if (skip && *skip) return;  // the same answer for every thread: no one reaches the barrier
   double sum = 0;
@@ -17,16 +36,28 @@ __global__ void sum_of_squares_kernel(const float* values, std::int64_t n, doubl
     const double v = values[i];
     sum += v * v;
   }
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
-  __shared__ double warp_sums[kThreads / 32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_sums[warp] = sum;
-  __syncthreads();
-  if (warp == 0) {
-    sum = lane < kThreads / 32 ? warp_sums[lane] : 0;
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
-    if (lane == 0) atomicAdd(total, sum);
-  }
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) block_sums[blockIdx.x] = sum;
+}
+
+// One block: BLOCKS slots summed in index order (thread t takes slots t, t + 256, ...), added to
+// TOTAL by one thread.
+__global__ void add_block_sums_kernel(const double* block_sums, int blocks, double* total,
+                                      const std::int32_t* skip) {
+  if (skip && *skip) return;
+  double sum = 0;
+  for (int i = static_cast<int>(threadIdx.x); i < blocks; i += blockDim.x) sum += block_sums[i];
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) *total += sum;
+}
+
+// A slot per block of the largest grid (blocks_for's cap), from the arena on first use (the
+// first eager step, before any graph capture) and never replaced.
+double* block_sums_scratch() {
+  static double* const scratch = static_cast<double*>(
+      device_memory::allocate_cuda(static_cast<std::size_t>(blocks_for(std::int64_t{1} << 40)) *
+                                   sizeof(double)));
+  return scratch;
 }
 
 }  // namespace
@@ -34,7 +65,11 @@ __global__ void sum_of_squares_kernel(const float* values, std::int64_t n, doubl
 void launch_sum_of_squares(const char* op, const float* values, std::int64_t n, double* total,
                            const std::int32_t* skip) {
   if (n <= 0) return;
-  sum_of_squares_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(values, n, total, skip);
+  const int blocks = blocks_for(n);
+  double* block_sums = block_sums_scratch();
+  sum_of_squares_kernel<<<blocks, kThreads, 0, stream()>>>(values, n, block_sums, skip);
+  check_launch(op);
+  add_block_sums_kernel<<<1, kThreads, 0, stream()>>>(block_sums, blocks, total, skip);
   check_launch(op);
 }
 

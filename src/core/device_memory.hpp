@@ -130,7 +130,11 @@ class Readback {
   void* event_ = nullptr;  // cudaEvent_t
 };
 
-// Copies BYTES between any two devices; synchronous with respect to the host.
+// Copies BYTES between any two devices (cudaMemcpy on the legacy stream). To the host, it has
+// landed when this returns; to the device, it is ordered before later work on the blocking
+// compute stream (and the legacy stream), but the host may return first (a device-to-device
+// copy, or pageable host memory once staged), so work on a non-blocking stream must wait for
+// an event recorded after it.
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
 // Waits for all work queued on the current cuda device (no-op without CUDA).
 void synchronize();

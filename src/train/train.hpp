@@ -182,7 +182,9 @@ class Trainer {
   // Trains for the configured epochs or steps, evaluating after each epoch; rank 0 writes
   // metrics.jsonl, summary.json and the checkpoint.
   TrainSummary run();
-  // The flat FP32 weights of this rank (identical on every rank between steps).
+  // The model's flat working weights on this rank (identical on every rank between steps): f32
+  // under fp32, the 16-bit working copy under fp16/bf16, and on the model's device (a cuda
+  // tensor on --device=cuda: copy it to the host before reading).
   const Tensor& params() const;
 
  private:

@@ -53,6 +53,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Room kept free in the device arena before step 1 for the kernels' first-use buffers: cuBLASLt's
+// 32 MiB workspace and the small ones beside it (the reductions' slots, the bias partial rows).
+constexpr std::size_t kFirstUseDeviceScratchBytes = std::size_t{48} << 20;
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -1421,7 +1425,11 @@ TrainSummary Trainer::run() {
 
   // Everything a step needs is planned before the first one: the training thread's Tensor
   // allocations and the device arena's slabs (its cudaMalloc calls) inside steps are counted,
-  // reported in summary.json and expected to be zero (tests/app/memory.sh).
+  // reported in summary.json and expected to be zero (tests/app/memory.sh). A few device
+  // buffers are made by the kernels on first use, inside step 1, from the arena: cuBLASLt's
+  // workspace (32 MiB), the reductions' slots, the bias gradients' partial rows. A free block
+  // for them now, so that they take no slab of their own then.
+  if (on_cuda) device_memory::reserve_cuda(kFirstUseDeviceScratchBytes);
   std::int64_t step_allocations = 0, step_slabs = 0;
   // A step's report, lag steps late: the scaler's state and the optimizer's step count mirrored
   // on the host (checkpoints, logs), the loss into the window, and what the device decided.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -397,8 +398,21 @@ void case_finite(Harness& h, Random& rng) {
 
 void case_norm(Harness& h, Random& rng) {
   Tensor x = rng.tensor({1000003}, DType::f32, -3.f, 3.f);
-  h.expect_near("sum_of_squares", kernels::sum_of_squares(dev(x)), kernels::sum_of_squares(x),
-                {1e-12, 0});
+  const Tensor xd = dev(x);
+  const double first = kernels::sum_of_squares(xd);
+  h.expect_near("sum_of_squares", first, kernels::sum_of_squares(x), {1e-12, 0});
+  // The same bits every time (the clip factor of every rank depends on them): a reduction
+  // that added the blocks' sums atomically, in the order they finish, would differ between
+  // some of these runs.
+  bool same = true;
+  double differing = first;
+  for (int run = 0; run < 20 && same; ++run) {
+    differing = kernels::sum_of_squares(xd);
+    same = std::memcmp(&differing, &first, sizeof first) == 0;
+  }
+  char detail[96];
+  std::snprintf(detail, sizeof detail, "%.17g then %.17g", first, differing);
+  h.expect(same, "sum_of_squares gives the same bits in 20 runs", detail);
 }
 
 namespace {
