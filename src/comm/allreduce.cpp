@@ -868,9 +868,9 @@ detail::NcclAllreduce& queued_backend(const std::unique_ptr<detail::NcclAllreduc
 }
 }  // namespace
 
-void Allreducer::plan_slots(int slots) {
+void Allreducer::plan_slots(int slots, std::int64_t max_count, DType dtype) {
   if (slots < 1) abort_job("comm::Allreducer::plan_slots: needs at least one slot");
-  queued_backend(impl_->nccl, "plan_slots").plan_slots(slots);
+  queued_backend(impl_->nccl, "plan_slots").plan_slots(slots, max_count, dtype);
 }
 void Allreducer::mark(int slot) { queued_backend(impl_->nccl, "mark").mark(slot); }
 void Allreducer::allreduce_queued(int slot, void* data, std::int64_t count, DType dtype) {

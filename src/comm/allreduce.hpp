@@ -148,7 +148,7 @@ class Allreducer {
   // the calls on the host and reports NCCL's asynchronous errors (the contract of
   // detail::NcclAllreduce). Abort unless queues().
   bool queues() const;
-  void plan_slots(int slots);
+  void plan_slots(int slots, std::int64_t max_count, DType dtype);
   void mark(int slot);
   void allreduce_queued(int slot, void* data, std::int64_t count, DType dtype);
   void join();

@@ -90,7 +90,7 @@ GradientReducer::GradientReducer(const Topology& topology, const AllreduceConfig
   spans_.resize(buckets_.size());
   // Device gradients under the nccl backend: the queued form, one slot per bucket.
   queued_ = allreducer_->queues();
-  if (queued_ && num_buckets() > 0) allreducer_->plan_slots(num_buckets());
+  if (queued_) plan_slots();
   thread_ = std::thread([this] { thread_main(); });
 }
 
@@ -120,7 +120,14 @@ void GradientReducer::set_device_backend(std::unique_ptr<detail::NcclAllreduce> 
     abort_job("comm::GradientReducer::set_device_backend: the gradients are staged to the host");
   allreducer_->set_device_backend(std::move(backend));
   queued_ = true;
-  if (num_buckets() > 0) allreducer_->plan_slots(num_buckets());
+  plan_slots();
+}
+
+void GradientReducer::plan_slots() {
+  if (num_buckets() == 0) return;
+  std::int64_t largest = 0;
+  for (const Range& range : buckets_) largest = std::max(largest, range.size());
+  allreducer_->plan_slots(num_buckets(), largest, grads_.dtype());
 }
 
 bool GradientReducer::launch_until(int count) {

@@ -120,6 +120,8 @@ class GradientReducer {
   const Allreducer& allreducer() const { return *allreducer_; }
 
  private:
+  // Plans the queued backend's slots, one per bucket, and its buffers for the largest bucket.
+  void plan_slots();
   void thread_main();
   // The end of a step in the queued form (allreducer_->queues()): join, wait for the device's
   // backward (START moves there: exposed time counts from it), then for the calls (their tail

@@ -101,7 +101,7 @@ class NcclBackend final : public NcclAllreduce {
   NcclBackend& operator=(const NcclBackend&) = delete;
 
   void allreduce(void* data, std::int64_t count, DType dtype) override;
-  void plan_slots(int slots) override;
+  void plan_slots(int slots, std::int64_t max_count, DType dtype) override;
   void mark(int slot) override;
   void allreduce_queued(int slot, void* data, std::int64_t count, DType dtype) override;
   void join() override;
@@ -288,12 +288,25 @@ void NcclBackend::allreduce(void* data, std::int64_t count, DType dtype) {
   wait();
 }
 
-void NcclBackend::plan_slots(int slots) {
+void NcclBackend::plan_slots(int slots, std::int64_t max_count, DType dtype) {
   select_device();
   for (cudaEvent_t event : marks_) MPT_CHECK_CUDA(cudaEventDestroy(event));
   marks_.assign(static_cast<std::size_t>(slots), nullptr);
   for (cudaEvent_t& event : marks_)
     MPT_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  if (max_count <= 0) return;
+  // The buffers the largest call needs, now rather than in step 1 (where the scratch's
+  // allocation would also wait for the compute stream, from the communication thread).
+  if (dtype != config_.wire) device_scratch(static_cast<std::size_t>(max_count) * wire_size_);
+  if (!flat_ && !config_.mpi_on_device &&
+      (topology_.num_nodes() > 1 || config_.nccl_stage_one_node)) {
+    // A region is whole shards of n / parts elements, the last also takes the remainder (under
+    // PARTS elements): for any smaller call at most PARTS more than for the largest.
+    const int parts = topology_.num_shards();
+    plan_intra(max_count, size_, parts, plan_);
+    const Range mine = plan_.regions[static_cast<std::size_t>(rank_)];
+    host_staging(static_cast<std::size_t>(mine.size() + parts) * wire_size_);
+  }
 }
 
 cudaEvent_t NcclBackend::slot_event(const char* call, int slot) const {

@@ -51,7 +51,9 @@ class NcclAllreduce {
 
   // The queued form (Allreducer's, for GradientReducer), with no host wait in the step:
   // SLOTS (0 <= slot < SLOTS) name the calls of a step; set once, before the first mark().
-  virtual void plan_slots(int slots) = 0;
+  // MAX_COUNT elements of DTYPE is the largest call: the buffers it needs (a wire-dtype
+  // scratch, the pinned staging across nodes) are taken now, not inside a step.
+  virtual void plan_slots(int slots, std::int64_t max_count, DType dtype) = 0;
   // Where the compute stream is now, for SLOT's call: from the thread that queues the compute
   // work that wrote the slot's data.
   virtual void mark(int slot) = 0;

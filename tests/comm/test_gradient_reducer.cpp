@@ -258,8 +258,10 @@ class QueuedStandIn final : public detail::NcclAllreduce {
   void allreduce(void* data, std::int64_t count, DType dtype) override {
     host_.allreduce(data, count, dtype);
   }
-  void plan_slots(int slots) override {
+  void plan_slots(int slots, std::int64_t max_count, DType dtype) override {
     const std::lock_guard<std::mutex> lock(mutex_);
+    planned_max_count_ = max_count;
+    planned_dtype_ = dtype;
     state_.assign(static_cast<std::size_t>(slots), State::idle);
   }
   void mark(int slot) override {
@@ -274,6 +276,10 @@ class QueuedStandIn final : public detail::NcclAllreduce {
     EXPECT_EQ(state_[static_cast<std::size_t>(slot)], State::marked)
         << "slot " << slot << " queued before its mark";
     state_[static_cast<std::size_t>(slot)] = State::queued;
+    // Its buffers were taken for the planned largest call: none may be larger, nor of another
+    // dtype.
+    EXPECT_LE(count, planned_max_count_) << "slot " << slot << " larger than planned";
+    EXPECT_EQ(dtype, planned_dtype_) << "slot " << slot;
     pending_.push_back({data, count, dtype});
   }
   void join() override {
@@ -297,6 +303,7 @@ class QueuedStandIn final : public detail::NcclAllreduce {
     ++finishes_;
   }
   int finishes() const { return finishes_; }
+  std::int64_t planned_max_count() const { return planned_max_count_; }
 
  private:
   enum class State { idle, marked, queued };
@@ -317,6 +324,8 @@ class QueuedStandIn final : public detail::NcclAllreduce {
   std::vector<Pending> pending_;
   bool joined_ = false;
   int finishes_ = 0;
+  std::int64_t planned_max_count_ = 0;
+  DType planned_dtype_ = DType::f32;
 };
 
 // Hands REDUCER a QueuedStandIn for the gradients' DTYPE when case C asks; returns it (or null)
@@ -420,9 +429,14 @@ TEST_P(ReducerCases, BucketedEqualsOneFlatAllreduceForAnyBucketSize) {
     const auto expected_buckets = plan_buckets(kCount, static_cast<std::int64_t>(dtype_size(dtype)),
                                                kOffsets, bucket_bytes, bucket_bytes / 2);
     ASSERT_EQ(reducer.num_buckets(), static_cast<int>(expected_buckets.size()));
+    std::int64_t largest = 0;
     for (int b = 0; b < reducer.num_buckets(); ++b) {
       EXPECT_EQ(reducer.bucket(b).begin, expected_buckets[static_cast<std::size_t>(b)].begin);
       EXPECT_EQ(reducer.bucket(b).end, expected_buckets[static_cast<std::size_t>(b)].end);
+      largest = std::max(largest, reducer.bucket(b).size());
+    }
+    if (queued) {
+      EXPECT_EQ(queued->planned_max_count(), largest) << "the largest bucket, planned";
     }
     for (int step = 0; step < 3; ++step) {
       // Garbage until "backward" writes a parameter: a bucket launched too early reads NaN.
