@@ -55,6 +55,7 @@ declare -A cluster_name=(
   [libomp-14-dev]="clang's OpenMP runtime: spack: llvm-openmp; only tests/fuzz.sh (a clang build) needs it"
   [llvm-14]="llvm-symbolizer for readable sanitizer stack traces: spack: llvm; only tests/fuzz.sh uses it"
   [dataset-fashion-mnist]="download the four *-ubyte.gz files of github.com/zalandoresearch/fashion-mnist and pass their folder to 'mptrain prepare fashion-mnist --source DIR'"
+  [xz-utils]="xz, from any package manager; only perf/gpu_bundle.sh (and its test gpu_bundle_e2e) uses it"
   [python3-h5py]="spack: py-h5py (or pip install h5py)"
   [python3-numpy]="spack: py-numpy (or pip install numpy)"
   [python3-torch]="spack: py-torch (or pip install torch); only perf/compare_pytorch.sh needs it"
@@ -72,6 +73,7 @@ packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   clang libclang-rt-14-dev libomp-14-dev llvm-14
   dataset-fashion-mnist
+  xz-utils
   python3-h5py python3-numpy python3-matplotlib
   libsimgrid-dev simgrid
 )
