@@ -101,8 +101,8 @@ fi
 # (the GPU machine's glibc is at least as new) and CUDA's (the GPU machine's toolkit, cuDNN
 # and NCCL must match its driver). libstdc++ and libgcc_s go to lib/fallback: the GPU machine's
 # newer ones are used unless they lack a symbol version these need (env.sh decides).
-elves=("$root"/bin/* "$mpi"/bin/orterun "$mpi"/bin/orted "$mpi"/bin/ompi_info "$mpi/$pkglib"/*.so
-       $(find "$root/pmix" -name '*.so' 2>/dev/null))
+elves=("$root"/bin/* "$mpi"/bin/orterun "$mpi"/bin/orted "$mpi"/bin/ompi_info "$mpi/$pkglib"/*.so)
+[[ -d $root/pmix ]] && mapfile -t -O "${#elves[@]}" elves < <(find "$root/pmix" -name '*.so')
 system='^(linux-vdso|ld-linux-x86-64|libc|libm|libpthread|librt|libdl|libresolv|libutil|libanl)\.so'
 cuda='^(libcuda|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*|libnccl|libnvidia-[a-z-]*|libnvrtc|libnvJitLink)\.so'
 ldd "${elves[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |

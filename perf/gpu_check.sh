@@ -49,7 +49,7 @@ while [[ $# -gt 0 ]]; do
 done
 [[ $budget =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget takes whole seconds, not '$budget'" >&2; exit 2; }
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 start=$(date +%s)
 # Every stage first saves the logs so far to $OUT (the device tool's return folder, at most 8
 # files), so that a run cut short by its time limit still brings them back.

@@ -9,6 +9,25 @@ source "$(dirname "$0")/common.sh"
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(dirname "$MPTRAIN")
 
+# Its own errors: one line naming what is wrong, exit 2 for an option and 1 for a build
+# folder that cannot make a bundle (a GPU-only one here).
+rc=0
+bash "$repo/perf/gpu_bundle.sh" --level x > "$TMP/err" 2>&1 || rc=$?
+if [ "$rc" -eq 2 ] && grep -q "^gpu_bundle.sh: --level must be 0-9, not 'x'" "$TMP/err"; then
+  pass "--level x: exit 2, $(head -1 "$TMP/err")"
+else
+  fail "--level x: exit $rc: $(head -2 "$TMP/err")"
+fi
+mkdir -p "$TMP/gpu-only"
+echo "MPTRAIN_GPU_ONLY_BUILD:INTERNAL=ON" > "$TMP/gpu-only/CMakeCache.txt"
+rc=0
+bash "$repo/perf/gpu_bundle.sh" --build-dir "$TMP/gpu-only" --out "$TMP/none" > "$TMP/err" 2>&1 || rc=$?
+if [ "$rc" -eq 1 ] && grep -q "is not a full CUDA build with NCCL; hint:" "$TMP/err" && [ ! -e "$TMP/none" ]; then
+  pass "a GPU-only build folder: exit 1, $(head -1 "$TMP/err")"
+else
+  fail "a GPU-only build folder: exit $rc: $(head -2 "$TMP/err")"
+fi
+
 rc=0
 bash "$repo/perf/gpu_bundle.sh" --build-dir "$build" --out "$TMP/out" --no-build --level 0 \
   > "$TMP/pack.log" 2>&1 || rc=$?
