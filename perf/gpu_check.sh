@@ -452,7 +452,7 @@ else
       precision=${run##*:}
       label=mlp
       [[ $model != mlp ]] && label=mlp-cast-first
-      timeout 120 ncu --csv --print-units base --print-kernel-base function --clock-control none \
+      timeout 60 ncu --csv --print-units base --print-kernel-base function --clock-control none \
         --profile-from-start off --metrics gpu__time_duration.sum \
         "$build/perf/gpu/gpu_bench" --model "$model" --model-only --no-gemm --steps 1 --warmup 3 \
         --batch "$big_batch" --precision "$precision" > "$build/ncu-$label-$precision.log" 2>&1
