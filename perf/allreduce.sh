@@ -79,6 +79,7 @@ for pair in $emulated; do
     --json "$out/e${ranks}_k${per_node}.json" >&2
 done
 
+# shellcheck disable=SC2086  # $configs is a list of "ranks:per_node" words, one argument each
 python3 - "$out" "$emulated" $configs <<'PY'
 import json, sys
 out, emulated, configs = sys.argv[1], sys.argv[2].split(), sys.argv[3:]

@@ -144,6 +144,7 @@ ENV
 
 {
   echo "mptrain bundle from commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo '+changes')"
+  # shellcheck disable=SC1091  # the build machine's own release file
   echo "built $(date -u '+%Y-%m-%d %H:%M UTC') on $(. /etc/os-release && echo "$PRETTY_NAME"), CUDA architectures $(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt")"
   echo "nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'); $(sed -n 's/^FIND_PACKAGE_MESSAGE_DETAILS_CUDNN:INTERNAL=.*\[v\(.*\)()\]/cuDNN \1/p' "$build/CMakeCache.txt"); $(sed -n 's/^FIND_PACKAGE_MESSAGE_DETAILS_NCCL:INTERNAL=.*\[v\(.*\)()\]/NCCL \1/p' "$build/CMakeCache.txt")"
 } > "$root/MANIFEST"

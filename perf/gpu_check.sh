@@ -34,20 +34,34 @@ batch=256
 build=build/gpu-check
 jobs=$(nproc 2>/dev/null || echo 4)
 bundle_archive=.gpu-bundle/mptrain-bundle.tar.xz
+bundle_given=0
 budget=420
+# A user error: one line naming the option, exit 2, before anything is built or run.
+usage_error() { echo "gpu_check.sh: $* (see --help)" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --steps) steps=$2; shift 2 ;;
-    --batch) batch=$2; shift 2 ;;
-    --build-dir) build=$2; shift 2 ;;
-    --jobs) jobs=$2; shift 2 ;;
-    --bundle) bundle_archive=$2; shift 2 ;;
-    --budget) budget=$2; shift 2 ;;
+    --steps|--batch|--build-dir|--jobs|--bundle|--budget)
+      [[ $# -ge 2 && -n $2 ]] || usage_error "$1 needs a value"
+      case "$1" in
+        --steps) steps=$2 ;;
+        --batch) batch=$2 ;;
+        --build-dir) build=$2 ;;
+        --jobs) jobs=$2 ;;
+        --bundle) bundle_archive=$(realpath -m -- "$2"); bundle_given=1 ;;
+        --budget) budget=$2 ;;
+      esac
+      shift 2 ;;
     -h|--help) usage; exit 0 ;;
-    *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) usage_error "unknown option $1" ;;
   esac
 done
-[[ $budget =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget takes whole seconds, not '$budget'" >&2; exit 2; }
+for option in steps batch jobs; do
+  [[ ${!option} =~ ^[1-9][0-9]*$ ]] || usage_error "--$option takes a positive whole number, not '${!option}'"
+done
+[[ $budget =~ ^[0-9]+$ ]] || usage_error "--budget takes whole seconds, not '$budget'"
+# The default archive is optional; one named with --bundle must be there.
+[[ $bundle_given == 0 || -f $bundle_archive ]] ||
+  usage_error "--bundle $bundle_archive: no such file; hint: make it with perf/gpu_bundle.sh"
 
 cd "$(dirname "$0")/.." || exit 1
 start=$(date +%s)
@@ -452,7 +466,9 @@ else
       precision=${run##*:}
       label=mlp
       [[ $model != mlp ]] && label=mlp-cast-first
-      timeout 60 ncu --csv --print-units base --print-kernel-base function --clock-control none \
+      # LC_ALL=C: ncu formats values by the locale ("9,00" under a decimal comma), and the
+      # summary reads a comma as a thousands separator.
+      LC_ALL=C timeout 60 ncu --csv --print-units base --print-kernel-base function --clock-control none \
         --profile-from-start off --metrics gpu__time_duration.sum \
         "$build/perf/gpu/gpu_bench" --model "$model" --model-only --no-gemm --steps 1 --warmup 3 \
         --batch "$big_batch" --precision "$precision" > "$build/ncu-$label-$precision.log" 2>&1
