@@ -1,6 +1,7 @@
 // core/error.hpp's FailureContext (what a fatal line adds about what the thread was doing) and
 // device_memory's scratch generation (what kernels::StepGraph checks before a replay).
 #include <gtest/gtest.h>
+#include <mpi.h>
 
 #include <string>
 #include <thread>
@@ -31,6 +32,39 @@ TEST(FailureContext, BelongsToItsThread) {
   std::thread([&] { other = detail::failure_context_suffix(); }).join();
   EXPECT_EQ(other, "") << "another thread's failures are not this capture's";
   EXPECT_EQ(detail::failure_context_suffix(), " (while capturing CUDA graph 'step')");
+}
+
+// The fatal lines themselves, printed by a child process that then ends with exit status 3 (the
+// code MPI_Abort and _Exit are given). "threadsafe": the child re-runs this binary up to the
+// test, so it has its own MPI singleton rather than a fork of this one.
+TEST(FailureContextDeathTest, AbortJobLineEndsWithTheContext) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const FailureContext context("capturing CUDA graph 'step'");
+        abort_job("replay after a scratch replacement");
+      },
+      ::testing::ExitedWithCode(3),
+      "mptrain: fatal: \\[.*\\] replay after a scratch replacement \\(while capturing CUDA graph 'step'\\)");
+}
+
+TEST(FailureContextDeathTest, CheckFailedLineEndsWithTheInnermostContext) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const FailureContext outer("capturing CUDA graph 'step'");
+        const FailureContext inner("planning conv1");
+        const int bad_count = MPI_ERR_COUNT;
+        MPT_CHECK_MPI(bad_count);
+      },
+      ::testing::ExitedWithCode(3),
+      "MPI call `bad_count` failed: MPI_ERR_COUNT.* at .*test_error.cpp:[0-9]+ \\(while planning conv1\\)");
+}
+
+TEST(FailureContextDeathTest, NoContextNoSuffix) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(abort_job("plain invariant"), ::testing::ExitedWithCode(3),
+              "\\] plain invariant\n");
 }
 
 TEST(ScratchGeneration, CountsEachReplacement) {
