@@ -72,16 +72,12 @@ void apply_runtime(const RuntimeConfig& runtime, int threads) {
   }
 }
 
-// --comm.overlap=auto: buckets overlap backward only where every rank has a core beyond its
-// compute threads. The all-reduce is CPU work; on a rank whose threads fill its cores, the
-// communication thread takes turns with compute and the step gets slower (docs/perf.md). One
-// MAX reduction, so that every rank decides alike (the order of sync BN's collectives among
-// the buckets depends on it).
-void resolve_overlap(comm::CommOptions& comm, const RankThreads& threads,
-                     const comm::World& world) {
-  if (comm.overlap != "auto") return;
+// What --comm.overlap=auto needs to know of the cores (comm::overlap_buckets): whether every
+// rank has one beyond its compute threads. One MAX reduction, so that every rank decides alike.
+void find_spare_cores(comm::CommOptions& comm, const RankThreads& threads,
+                      const comm::World& world) {
   const double no_spare_core = threads.share > threads.threads ? 0 : 1;
-  comm.overlap = world.max(no_spare_core) > 0 ? "off" : "on";
+  comm.spare_core_everywhere = world.max(no_spare_core) == 0;
 }
 
 void print_help_once(const std::string& text, const comm::World& world) {
@@ -110,7 +106,7 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
     const RankThreads threads = plan_threads(parsed.runtime, world, "--train.threads");
     world.run_agreed([&] { apply_runtime(parsed.runtime, threads.threads); });
     if (command == "train") {
-      resolve_overlap(parsed.run.comm, threads, world);
+      find_spare_cores(parsed.run.comm, threads, world);
       if (const char* fault = std::getenv("MPTRAIN_FAULT")) parsed.run.fault = fault;
       train::run_training(parsed.run, world);
       return 0;

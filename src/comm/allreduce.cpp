@@ -184,6 +184,14 @@ void require_nccl(const std::string& option, Device device, const std::string& s
 
 }  // namespace
 
+bool overlap_buckets(const CommOptions& options, bool on_cuda) {
+  const std::string& option = options.overlap;
+  MPT_REQUIRE(option == "auto" || option == "on" || option == "off",
+              "--comm.overlap: unknown value '" + option + "'", "use auto, on or off");
+  if (option != "auto") return option == "on";
+  return on_cuda || options.spare_core_everywhere;
+}
+
 AllreduceConfig resolve_allreduce(const CommOptions& options, const Topology& topology,
                                   DType grad_dtype, Device device, const SharedGpus& shared) {
   AllreduceConfig config;

@@ -32,9 +32,12 @@ struct CommOptions {
   // auto: the nccl backend's phase 2 (across nodes) calls MPI on device memory where MPI says
   // it can (cuda_aware_mpi()) and the wire is f32; off: always through pinned host memory.
   std::string cuda_aware_mpi = "auto";
-  // on: buckets go out while backward runs; off: all at the end of backward. The trainer takes
-  // auto as on; `mptrain train` resolves it first (on only where every rank has a spare core).
+  // on: buckets go out while backward runs; off: all at the end of backward; auto: see
+  // overlap_buckets().
   std::string overlap = "auto";
+  // Whether every rank has a core beyond its compute threads: `mptrain train` sets it from the
+  // cores (one MAX over the world); a library caller keeps true.
+  bool spare_core_everywhere = true;
   // The watchdog aborts the job when a rank has waited this long in one collective (0: off).
   double stall_timeout_s = 300;
 };
@@ -113,6 +116,14 @@ SharedGpus find_shared_gpus(const Topology& topology);
 AllreduceConfig resolve_allreduce(const CommOptions& options, const Topology& topology,
                                   DType grad_dtype, Device device = Device::cpu,
                                   const SharedGpus& shared = {});
+
+// --comm.overlap for a run whose model is on cuda (ON_CUDA) or the host: on and off as given;
+// auto: on for a cuda model, whose host thread only queues kernels while the communication
+// thread reduces; on the host only where spare_core_everywhere, since the all-reduce is CPU work
+// and on ranks that fill their cores it takes turns with backward (docs/perf.md). Every input
+// is agreed over the world, so every rank decides alike (sync BN's collectives run among the
+// buckets). Throws UserError naming --comm.overlap for another value.
+bool overlap_buckets(const CommOptions& options, bool on_cuda);
 
 // One algorithm bound to a topology, with the state it needs (the shm window, wire scratch).
 // Collective to construct, to call and to destroy (the shm window is freed over the node):

@@ -223,8 +223,7 @@ void validate(const RunConfig& config) {
   MPT_REQUIRE(config.loop.log_every > 0, "--train.log-every must be positive", "e.g. 50");
   MPT_REQUIRE(config.device == "auto" || config.device == "cpu" || config.device == "cuda",
               "unknown device '" + config.device + "' (--device)", "use --device=auto, cpu or cuda");
-  MPT_REQUIRE(config.comm.overlap == "auto" || config.comm.overlap == "on" || config.comm.overlap == "off",
-              "--comm.overlap: unknown value '" + config.comm.overlap + "'", "use auto, on or off");
+  comm::overlap_buckets(config.comm, false);  // a bad --comm.overlap fails here, before any work
   MPT_REQUIRE(config.loop.accumulate >= 1, "--train.accumulate must be >= 1",
               "1 updates after every batch; K averages K micro-batches per update");
   MPT_REQUIRE(config.progress == "auto" || config.progress == "bar" || config.progress == "lines",
@@ -1014,8 +1013,7 @@ TrainSummary Trainer::run() {
   comm::GradientReducer& reducer = *state_->reducer;
   if (staged && reducer.num_buckets() > 0)
     reducer.set_staging(std::make_unique<kernels::HostStaging>(model->grads(), reducer.num_buckets()));
-  // auto, for a library caller: on
-  const bool overlap = config.comm.overlap != "off" &&
+  const bool overlap = comm::overlap_buckets(config.comm, on_cuda) &&
                        (!on_cuda || staged || reducer.allreducer().queues());
 
   if (root) {

@@ -557,6 +557,26 @@ TEST(ResolveAllreduce, UnknownNamesAreUserErrorsNamingTheOption) {
             "where it says it can) or off)");
 }
 
+// --comm.overlap=auto: on for a cuda model (its host thread only queues kernels), and on the
+// host only where every rank has a spare core; on and off are taken as given.
+TEST(OverlapBuckets, AutoIsOnForCudaModelsAndOnTheHostOnlyWithSpareCores) {
+  CommOptions options;
+  EXPECT_TRUE(overlap_buckets(options, false)) << "a library caller's default: on";
+  EXPECT_TRUE(overlap_buckets(options, true));
+  options.spare_core_everywhere = false;
+  EXPECT_FALSE(overlap_buckets(options, false)) << "ranks fill their cores: after backward";
+  EXPECT_TRUE(overlap_buckets(options, true)) << "cuda: the cores are free while kernels run";
+  options.overlap = "on";
+  EXPECT_TRUE(overlap_buckets(options, false));
+  options.overlap = "off";
+  options.spare_core_everywhere = true;
+  EXPECT_FALSE(overlap_buckets(options, false));
+  EXPECT_FALSE(overlap_buckets(options, true));
+  options.overlap = "sometimes";
+  EXPECT_EQ(test::user_error_text([&] { overlap_buckets(options, true); }),
+            "--comm.overlap: unknown value 'sometimes' (hint: use auto, on or off)");
+}
+
 TEST(ResolveAllreduce, MpiGetsDeviceMemoryOnlyFromNcclWithAnF32WireWhereItIsCudaAware) {
   const Topology topology(MPI_COMM_WORLD, 0);
   CommOptions options;
