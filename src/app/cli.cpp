@@ -153,8 +153,8 @@ po::options_description train_options(TrainCommand& out) {
        "auto (the nccl backend hands MPI device memory across nodes where MPI says it is "
        "CUDA-aware and the wire is fp32) | off (always through pinned host memory)")
       ("comm.overlap", po::value(&run.comm.overlap)->default_value("auto"),
-       "auto (on where every rank has a core beyond its compute threads) | on (buckets go out while "
-       "backward runs) | off (after backward)")
+       "auto (on for a model on cuda; on the cpu, where every rank has a core beyond its compute "
+       "threads) | on (buckets go out while backward runs) | off (after backward)")
       ("comm.stall-timeout", po::value(&run.comm.stall_timeout_s)->default_value(300, "300"),
        "seconds a rank may wait in one collective before the watchdog names the ranks that have "
        "not arrived and aborts the job (0: off)");
@@ -188,7 +188,7 @@ po::options_description train_options(TrainCommand& out) {
        "auto (cuda where every rank sees a GPU and the trainer runs there, else cpu) | cpu | cuda")
       ("cuda.graphs", po::value(&out.run.cuda_graphs)->default_value(false)->implicit_value(true),
        "train: replay each step's forward+backward and optimizer as two CUDA graphs (cuda only; "
-       "no dropout or BatchNorm, --train.accumulate=1)")
+       "no dropout with a rate above 0, no --model.sync-bn, --train.accumulate=1)")
       ("kernels.matmul", po::value(&out.runtime.matmul)->default_value("auto"), "host matmul library: auto | onednn | blas");
   po::options_description all(kHelpWidth, kHelpWidth / 2);
   all.add(data).add(model).add(loop).add(amp).add(optimizer).add(schedule).add(comm).add(output).add(runtime);
