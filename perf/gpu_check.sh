@@ -326,30 +326,30 @@ if [[ $trainer_source != none ]]; then
   # the hardest to feed) and the cnn on cuda for 120 steps (3 epochs, a window every 20 steps),
   # with prefetch on (8 batches ahead, 4 I/O threads), then off (--data.prefetch=0, each batch
   # read when the step wants it) for contrast: each run's data_wait_fraction over the run, and
-  # the largest over the windows after the first (which holds the pipeline's fill).
-  for model in mlp cnn; do
-    for prefetch in 8 0; do
-      run=$build/trainer-$model-cuda-prefetch$prefetch
-      threads=1
-      (( prefetch > 0 )) && threads=4  # an I/O thread fills one read-ahead batch at a time
-      rc=0
-      timeout 60 "${with_env[@]}" mpiexec -n 1 "$mptrain" train --data.train="$data/train.h5" \
-        --data.test="$data/test.h5" --model.name="$model" --train.max-steps=120 \
-        --train.batch-size=256 --train.log-every=20 --device=cuda --data.prefetch=$prefetch \
-        --data.io-threads=$threads --output.dir="$run" --output.overwrite --output.progress=lines \
-        > "$run.log" 2>&1 || rc=$?
-      if [[ $rc -eq 0 && -f $run/summary.json && -f $run/metrics.jsonl ]]; then
-        steady=$("$python" -c 'import json, sys
+  # the largest over the windows after the first (which holds the pipeline's fill). The uint8
+  # samples travel as stored and the GPU normalises them (--data.normalize=auto on cuda); the
+  # mlp also runs with the I/O threads converting to f32 (reader: 4x the bytes over the bus).
+  for variant in mlp:8:auto mlp:8:reader mlp:0:auto cnn:8:auto cnn:0:auto; do
+    IFS=: read -r model prefetch normalize <<< "$variant"
+    run=$build/trainer-$model-cuda-prefetch$prefetch-$normalize
+    threads=1
+    (( prefetch > 0 )) && threads=4  # an I/O thread fills one read-ahead batch at a time
+    rc=0
+    timeout 60 "${with_env[@]}" mpiexec -n 1 "$mptrain" train --data.train="$data/train.h5" \
+      --data.test="$data/test.h5" --model.name="$model" --train.max-steps=120 \
+      --train.batch-size=256 --train.log-every=20 --device=cuda --data.prefetch="$prefetch" \
+      --data.io-threads=$threads --data.normalize="$normalize" --output.dir="$run" \
+      --output.overwrite --output.progress=lines > "$run.log" 2>&1 || rc=$?
+    label="trainer model=$model device=cuda prefetch=$prefetch io_threads=$threads normalize=$normalize"
+    if [[ $rc -eq 0 && -f $run/summary.json && -f $run/metrics.jsonl ]]; then
+      steady=$("$python" -c 'import json, sys
 fractions = [r["data_wait_fraction"] for r in map(json.loads, open(sys.argv[1])) if "data_wait_fraction" in r]
 print(f"{max(fractions[1:]):.4f}" if len(fractions) > 1 else "-1")' "$run/metrics.jsonl")
-        run_line "trainer model=$model device=cuda prefetch=$prefetch io_threads=$threads" "$run/summary.json" \
-          samples_per_s data_wait_fraction 2>&1 | sed "s/\$/ steady_window_max_data_wait_fraction=$steady/" \
-          | tee -a "$build/trainer.log"
-      else
-        echo "trainer model=$model device=cuda prefetch=$prefetch failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
-          | tee -a "$build/trainer.log"
-      fi
-    done
+      run_line "$label" "$run/summary.json" samples_per_s data_wait_fraction 2>&1 \
+        | sed "s/\$/ steady_window_max_data_wait_fraction=$steady/" | tee -a "$build/trainer.log"
+    else
+      echo "$label failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" | tee -a "$build/trainer.log"
+    fi
   done
   # Two ranks on the one GPU: NCCL refuses that, so the all-reduce stays on the host backends and
   # stages the device gradients bucket by bucket through pinned memory (kernels/staging.hpp),

@@ -53,6 +53,10 @@ po::options_description train_options(TrainCommand& out) {
        "batches read ahead by background I/O threads (0: read synchronously in the training step)")
       ("data.io-threads", po::value(&run.data.io_threads)->default_value(1),
        "I/O threads, each filling whole batches (at most data.prefetch)")
+      ("data.normalize", po::value(&run.data.normalize)->default_value("auto"),
+       "where uint8 samples become (x/255 - mean)/std: reader (on the I/O thread) | device (the "
+       "stored bytes travel, a quarter of the f32 bytes, and the training device converts them) | "
+       "auto (device on cuda, reader on the cpu); float samples are always read as they are")
       ("data.cache", po::value(&run.data.cache)->default_value("none"),
        "none | memory: keep every training sample read in memory, so later epochs read no file")
       ("data.cache-limit-mb", po::value(&run.data.cache_limit_mb)->default_value(0),

@@ -105,6 +105,16 @@ struct DatasetInfo {
   std::string labels_name;
 };
 
+// uint8 samples become x * scale + shift, which is (x/255 - mean)/std as one multiply-add. The
+// reader applies it on its I/O thread; a run that ships the stored bytes to the device
+// (Prefetcher::deliver_to with raw_u8) applies it there, with these same two floats
+// (kernels::normalize_u8).
+struct U8Normalization {
+  float scale = 1.0f;
+  float shift = 0.0f;
+};
+U8Normalization u8_normalization(const DatasetInfo& info);
+
 class SampleCache;
 namespace detail {
 class DataFile;
@@ -158,8 +168,10 @@ class DatasetReader {
 
   // Reads the samples INDICES (any order, duplicates allowed, each in [0, N)) into rows
   // 0..indices.size()-1 of SAMPLES (f32 [n, sample_shape...], n >= indices.size(), caller-owned)
-  // and their labels into LABELS (i32 [n]). uint8 samples become (x/255 - mean)/std; float
-  // samples are copied and must be finite (see NonFiniteAction). Indices are sorted and
+  // and their labels into LABELS (i32 [n]). uint8 samples become (x/255 - mean)/std
+  // (u8_normalization); float samples are copied and must be finite (see NonFiniteAction).
+  // Where the data are uint8, SAMPLES may be u8 instead: the stored bytes are copied as they
+  // are, for a consumer that normalises them itself. Indices are sorted and
   // consecutive ones coalesced into one read each (split where one file ends); no allocation
   // once the scratch buffers have grown to the largest batch.
   void read_batch(std::span<const std::int64_t> indices, Tensor& samples, Tensor& labels);
@@ -326,7 +338,7 @@ std::size_t available_memory_per_rank(int ranks_per_node);
 // the cuda device (Prefetcher::deliver_to) holds them in pinned memory and also fills the
 // device copies, on its I/O thread's own copy stream, before it hands the batch out.
 struct Batch {
-  Tensor samples;                     // f32 [batch_per_rank, sample_shape...]
+  Tensor samples;                     // f32 [batch_per_rank, sample_shape...] (u8: deliver_to)
   Tensor labels;                      // i32 [batch_per_rank]
   Tensor device_samples, device_labels;  // the same on the cuda device (deliver_to), else empty
   std::vector<std::int64_t> indices;  // the global sample indices, in batch order
@@ -379,7 +391,11 @@ class Prefetcher {
   // release() marks the compute stream's progress, and the copy that refills a slot waits on the
   // device for the kernels that read its previous batch. Device::cpu: nothing changes. Call
   // before start(); the current device must be the one to train on.
-  void deliver_to(Device device);
+  // RAW_U8 (uint8 data only): the samples travel as stored, u8 [batch, sample_shape...] in
+  // Batch::samples and device_samples (a quarter of the f32 bytes, and no conversion on the I/O
+  // thread), for a consumer that normalises them with kernels::normalize_u8 and
+  // u8_normalization(). On Device::cpu too, where the host buffers become u8.
+  void deliver_to(Device device, bool raw_u8 = false);
 
  private:
   struct Slot {

@@ -124,15 +124,24 @@ Prefetcher::Prefetcher(std::vector<DatasetReader*> readers, const ShardPlan& pla
 
 Prefetcher::~Prefetcher() { stop(); }
 
-void Prefetcher::deliver_to(Device device) {
+void Prefetcher::deliver_to(Device device, bool raw_u8) {
   if (!threads_.empty() || !stopping_) abort_job("Prefetcher::deliver_to: called after start()");
+  if (raw_u8 && readers_.front()->info().sample_dtype != DType::u8)
+    abort_job("Prefetcher::deliver_to: raw uint8 batches asked for data of another dtype ('" +
+              readers_.front()->info().path + "')");
   device_ = device;
-  if (device == Device::cpu) return;
+  const DType samples_dtype = raw_u8 ? DType::u8 : DType::f32;
+  if (device == Device::cpu) {
+    if (raw_u8)
+      for (Slot& slot : slots_)
+        slot.batch.samples = Tensor(slot.batch.samples.shape(), samples_dtype);
+    return;
+  }
   for (Slot& slot : slots_) {
     Batch& batch = slot.batch;
-    batch.samples = device_memory::pinned_host_tensor(batch.samples.shape(), DType::f32);
+    batch.samples = device_memory::pinned_host_tensor(batch.samples.shape(), samples_dtype);
     batch.labels = device_memory::pinned_host_tensor(batch.labels.shape(), DType::i32);
-    batch.device_samples = Tensor(batch.samples.shape(), DType::f32, device);
+    batch.device_samples = Tensor(batch.samples.shape(), samples_dtype, device);
     batch.device_labels = Tensor(batch.labels.shape(), DType::i32, device);
     slot.consumed = std::make_unique<device_memory::ComputeMark>();
   }

@@ -29,6 +29,10 @@ std::string format_float(double value) {
 
 }  // namespace
 
+U8Normalization u8_normalization(const DatasetInfo& info) {
+  return {1.0f / (255.0f * info.std), -info.mean / info.std};
+}
+
 NonFiniteAction parse_nonfinite_action(const std::string& text) {
   if (text == "error") return NonFiniteAction::error;
   if (text == "skip") return NonFiniteAction::skip;
@@ -204,9 +208,9 @@ void DatasetReader::open_and_validate(const ReaderOptions& options) {
                   std::to_string(info_.std) + "; std must be positive and both finite",
               "fix the mean/std attributes or --data.mean/--data.std (they normalise the "
               "[0,1]-scaled pixels)");
-  // (x/255 - mean)/std as one multiply-add.
-  scale_ = 1.0f / (255.0f * info_.std);
-  shift_ = -info_.mean / info_.std;
+  const U8Normalization normalization = u8_normalization(info_);
+  scale_ = normalization.scale;
+  shift_ = normalization.shift;
 
   // Every label in range, then all of them in one array indexed by global sample index.
   labels_.reserve(static_cast<std::size_t>(info_.num_samples));
@@ -245,12 +249,13 @@ void DatasetReader::read_batch(std::span<const std::int64_t> indices, Tensor& sa
                                Tensor& labels) {
   const auto count = static_cast<std::int64_t>(indices.size());
   // Wrong tensors are a programming error in the caller, not a user mistake.
-  if (samples.dtype() != DType::f32 ||
+  const bool raw = samples.dtype() == DType::u8;  // the stored bytes, as they are
+  if ((samples.dtype() != DType::f32 && !(raw && info_.sample_dtype == DType::u8)) ||
       samples.rank() != 1 + static_cast<int>(info_.sample_shape.size()) || samples.dim(0) < count ||
       !std::equal(info_.sample_shape.begin(), info_.sample_shape.end(),
                   samples.shape().begin() + 1))
     abort_job("DatasetReader::read_batch: samples tensor " + samples.describe() +
-              " does not fit f32 [n >= " + std::to_string(count) + ", " +
+              " does not fit f32 (or u8, for uint8 data) [n >= " + std::to_string(count) + ", " +
               shape_to_string(info_.sample_shape) + "] for '" + info_.path + "'");
   if (labels.dtype() != DType::i32 || labels.rank() != 1 || labels.dim(0) < count)
     abort_job("DatasetReader::read_batch: labels tensor " + labels.describe() +
@@ -309,9 +314,20 @@ void DatasetReader::read_batch(std::span<const std::int64_t> indices, Tensor& sa
   // work can proceed meanwhile. (Written here rather than with kernels::normalize_u8 because it
   // fuses the gather with the conversion, and because this runs on the prefetcher's I/O thread,
   // where Kokkos host parallel regions must not be entered.)
-  float* out = samples.data<float>();
   std::int32_t* out_labels = labels.data<std::int32_t>();
   const auto elements = static_cast<std::size_t>(sample_elements_);
+  if (raw) {
+    auto* out_bytes = samples.data<std::uint8_t>();
+    for (std::int64_t position = 0; position < count; ++position) {
+      const auto slot =
+          static_cast<std::size_t>(slot_of_position_[static_cast<std::size_t>(position)]);
+      std::memcpy(out_bytes + static_cast<std::size_t>(position) * elements,
+                  staging_.data() + slot * elements, elements);
+      out_labels[position] = labels_[static_cast<std::size_t>(indices[static_cast<std::size_t>(position)])];
+    }
+    return;
+  }
+  float* out = samples.data<float>();
   // Locals, not members: DESTINATION could alias *this for the compiler, which would then
   // reload scale_ and shift_ per element and not vectorise the loop (up to 1.6x slower).
   const float scale = scale_, shift = shift_;

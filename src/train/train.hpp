@@ -34,6 +34,10 @@ struct DataConfig {
   // The input pipeline (data::Prefetcher, data::SampleCache).
   int prefetch = 2;                 // batches read ahead; 0: synchronous reads
   int io_threads = 1;               // threads that each fill whole batches
+  // Where uint8 samples are normalised: reader (the I/O thread, into f32) | device (the stored
+  // bytes are delivered and the training device converts them: kernels::normalize_u8) | auto
+  // (device on cuda, reader on the cpu). Float samples are read as they are either way.
+  std::string normalize = "auto";
   std::string cache = "none";       // none | memory
   std::int64_t cache_limit_mb = 0;  // 0: the node's available memory / ranks on the node
   int debug_read_delay_ms = 0;      // testing aid: sleep per batch read

@@ -34,6 +34,7 @@
 #include "kernels/copy.hpp"
 #include "kernels/graph.hpp"
 #include "kernels/matmul.hpp"
+#include "kernels/normalize.hpp"
 #include "kernels/softmax_xent.hpp"
 #include "kernels/staging.hpp"
 #include "kernels/step_state.hpp"
@@ -357,6 +358,10 @@ struct InputPipeline {
     options.io_threads = config.io_threads;
     options.read_delay_ms = config.debug_read_delay_ms;
     data::Prefetcher::validate(options);
+    MPT_REQUIRE(config.normalize == "auto" || config.normalize == "reader" ||
+                    config.normalize == "device",
+                "--data.normalize: unknown value '" + config.normalize + "'",
+                "use auto (device on cuda, reader on the cpu), reader or device");
     MPT_REQUIRE(config.cache == "none" || config.cache == "memory",
                 "unknown --data.cache '" + config.cache + "'",
                 "use --data.cache=none (read the file every epoch) or --data.cache=memory");
@@ -853,6 +858,9 @@ struct Trainer::State {
   // reducer (built in run(); after the topology, so destroyed before it).
   std::optional<comm::Topology> topology;
   Device device = Device::cpu;  // --device, resolved (select_device)
+  // --data.normalize resolved: the batches hold uint8 samples as stored, which the step
+  // normalises on the training device (kernels::normalize_u8) before forward.
+  bool raw_u8 = false;
   comm::AllreduceConfig allreduce;
   std::optional<comm::GradientReducer> reducer;
   MetricsLog metrics;
@@ -937,6 +945,11 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
                                            ? comm::find_shared_gpus(*state_->topology)
                                            : comm::SharedGpus{};
   world.run_agreed([&] {
+    // uint8 samples travel as stored where the training device normalises them: a quarter of
+    // the f32 bytes over the bus, and no conversion on the I/O threads (--data.normalize).
+    const std::string& normalize = config.data.normalize;
+    state_->raw_u8 = train_reader->info().sample_dtype == DType::u8 &&
+                     (normalize == "device" || (normalize == "auto" && state_->device != Device::cpu));
     // The model was built on the host during setup (the device is chosen after the topology):
     // on cuda it is built again there, before anything refers to its buffers.
     if (state_->device != Device::cpu) {
@@ -944,9 +957,11 @@ Trainer::Trainer(const RunConfig& run_config, const comm::World& run_world)
       const std::string spec = config.model.layers.empty() ? config.model.name : config.model.layers;
       model.emplace(nn::Model::build(spec, info.sample_shape, info.num_classes,
                                      precision_dtype(config.amp), state_->device));
-      // The batches arrive on the device too: pinned host buffers, copied on the I/O threads.
-      state_->input.prefetcher->deliver_to(state_->device);
     }
+    // On cuda the batches arrive on the device too: pinned host buffers, copied on the I/O
+    // threads.
+    if (state_->device != Device::cpu || state_->raw_u8)
+      state_->input.prefetcher->deliver_to(state_->device, state_->raw_u8);
     state_->allreduce =
         comm::resolve_allreduce(config.comm, *state_->topology, model->grads().dtype(),
                                 state_->device, shared_gpus);
@@ -1215,12 +1230,18 @@ TrainSummary Trainer::run() {
   const bool graphs = config.cuda_graphs;
   kernels::StepGraph forward_backward_graph("forward+backward"), optimizer_graph("optimizer");
   Tensor graph_samples, graph_labels;
+  Shape sample_batch{batch};
+  for (const std::int64_t d : info.sample_shape) sample_batch.push_back(d);
   if (graphs) {
-    Shape sample_batch{batch};
-    for (const std::int64_t d : info.sample_shape) sample_batch.push_back(d);
     graph_samples = Tensor(sample_batch, DType::f32, model->device());
     graph_labels = Tensor({batch}, DType::i32, model->device());
   }
+  // Raw uint8 batches (state_->raw_u8) are normalised into this before forward, with the
+  // reader's own two floats.
+  const bool raw_u8 = state_->raw_u8;
+  const data::U8Normalization normalization = data::u8_normalization(info);
+  Tensor normalized;
+  if (raw_u8) normalized = Tensor(sample_batch, DType::f32, model->device());
   // The host reads the loss inside a step only where that is free: lag 0 on the host.
   const bool deferred = reports.lag() > 0 || model->device() != Device::cpu;
   // Samples this rank's readers left out for non-finite values (--data.on-nonfinite=skip).
@@ -1533,8 +1554,11 @@ TrainSummary Trainer::run() {
           std::abort();
         }
         // On cuda the prefetcher's I/O thread has already copied the batch over.
-        const Tensor& samples = on_cuda ? input.device_samples : input.samples;
+        const Tensor& delivered = on_cuda ? input.device_samples : input.samples;
         const Tensor& labels = on_cuda ? input.device_labels : input.labels;
+        if (raw_u8)
+          kernels::normalize_u8(delivered, normalized, normalization.scale, normalization.shift);
+        const Tensor& samples = raw_u8 ? normalized : delivered;
         // --cuda.graphs, after the run's first (eager) step: the batch goes into fixed buffers,
         // and forward, loss and backward replay from one graph (captured at the first such
         // step); a short batch runs eagerly. Buckets then all go at wait(): no hook.

@@ -97,4 +97,32 @@ for np in 1 2; do
   done
 done
 
+# --data.normalize (issue #8): device ships the stored uint8 bytes and the training device turns
+# them into inputs (kernels::normalize_u8; on the cpu its host twin, on the training thread).
+# It must train on exactly the reader's inputs: the same final loss, to the digits summary.json keeps, as reader, on
+# 2 ranks with prefetch (auto is reader on the cpu). An unknown value is one line naming it.
+declare -A final_loss
+for normalize in reader device; do
+  out="$TMP/norm-$normalize"
+  rc=0
+  timeout 120 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" "${train_args[@]}" --device=cpu \
+    --data.prefetch=3 --data.io-threads=2 --data.normalize=$normalize --output.dir="$out" \
+    >"$TMP/out" 2>"$TMP/err" || rc=$?
+  if [ "$rc" -ne 0 ]; then fail "--data.normalize=$normalize: exit $rc"; cat "$TMP/err" >&2; continue; fi
+  final_loss[$normalize]=$(python3 -c 'import json, sys; print(repr(json.load(open(sys.argv[1]))["final_train_loss"]))' "$out/summary.json")
+done
+if [ -n "${final_loss[reader]:-}" ] && [ "${final_loss[reader]}" = "${final_loss[device]:-}" ]; then
+  pass "--data.normalize=device trains on the reader's inputs: final loss ${final_loss[device]} both"
+else
+  fail "--data.normalize: final loss reader=${final_loss[reader]:-none} device=${final_loss[device]:-none}"
+fi
+rc=0
+timeout 60 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" "${train_args[@]}" --data.normalize=gpu \
+  --output.dir="$TMP/norm-bad" >"$TMP/out" 2>"$TMP/err" || rc=$?
+if [ "$rc" -eq 2 ] && [ "$(grep -c "^mptrain: error:.*--data.normalize: unknown value 'gpu'.*hint: use auto" "$TMP/err")" -eq 1 ]; then
+  pass "--data.normalize=gpu refused once"
+else
+  fail "--data.normalize=gpu: exit $rc"; cat "$TMP/err" >&2
+fi
+
 finish

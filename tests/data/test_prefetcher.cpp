@@ -72,6 +72,35 @@ TEST_F(PrefetcherTest, DeliversExactlyThePlannedBatchesInOrderUnderRandomDelays)
   }
 }
 
+// deliver_to(cpu, raw_u8): the ring's batches hold the stored bytes of the planned samples.
+TEST_F(PrefetcherTest, RawUint8DeliveryHandsOutTheStoredBytesInPlanOrder) {
+  DatasetReader reference(path(), {});
+  const ShardPlan plan(256, 12, 1, 0, 7);
+  DatasetReader first(path(), {}), second(path(), {});
+  PrefetchOptions options;
+  options.depth = 3;
+  options.io_threads = 2;
+  options.before_read = jitter_hook(2);
+  Prefetcher prefetcher({&first, &second}, plan, options);
+  prefetcher.deliver_to(Device::cpu, /*raw_u8=*/true);
+  prefetcher.start(0, 18, 8);  // across the epoch boundary
+  Tensor expected({12, 1, 4, 4}, DType::u8), expected_labels({12}, DType::i32);
+  std::vector<std::int64_t> indices;
+  for (std::int64_t k = 0; k < 8; ++k) {
+    const std::int64_t epoch = (18 + k) / plan.steps_per_epoch(), step = (18 + k) % plan.steps_per_epoch();
+    const Batch& batch = prefetcher.next();
+    ASSERT_EQ(batch.samples.dtype(), DType::u8);
+    ASSERT_EQ(batch.samples.shape(), (Shape{12, 1, 4, 4}));
+    EXPECT_EQ(batch.epoch, epoch);
+    EXPECT_EQ(batch.step, step);
+    plan.batch_indices(epoch, step, indices);
+    reference.read_batch(indices, expected, expected_labels);
+    EXPECT_EQ(std::memcmp(batch.samples.raw(), expected.raw(), expected.size_bytes()), 0) << "batch " << k;
+    EXPECT_EQ(std::memcmp(batch.labels.raw(), expected_labels.raw(), expected_labels.size_bytes()), 0);
+    prefetcher.release();
+  }
+}
+
 TEST_F(PrefetcherTest, ShutdownMidEpochJoinsCleanly) {
   const ShardPlan plan(256, 16, 1, 0, 7);
   DatasetReader first(path(), {}), second(path(), {});

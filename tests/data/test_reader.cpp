@@ -12,6 +12,7 @@
 #include "core/hdf5.hpp"
 #include "core/random.hpp"
 #include "data/data.hpp"
+#include "kernels/normalize.hpp"
 #include "tests/test_util.hpp"
 
 namespace mpt::data {
@@ -100,6 +101,33 @@ TEST(DatasetReader, BatchInAnyOrderWithDuplicatesAndNormalisation) {
   }
   // Rows past the batch are left alone.
   EXPECT_EQ(samples.data<float>()[8 * 6], 0.0f);
+}
+
+// --data.normalize=device: a u8 batch holds the stored bytes, and kernels::normalize_u8 with
+// u8_normalization() turns it into exactly (bit for bit) the f32 batch the reader would give.
+TEST(DatasetReader, RawUint8BatchesAreTheStoredBytesAndNormaliseToTheF32Batch) {
+  test::TempDir dir("reader-raw");
+  FileSpec spec;
+  spec.mean = 0.2860f;
+  spec.std = 0.3530f;
+  write_file(dir.file("d.h5"), spec);
+  DatasetReader reader(dir.file("d.h5"), {});
+  const std::vector<std::int64_t> indices{9, 3, 2, 4, 0, 8, 3, 7};
+  Tensor raw({12, 2, 3}, DType::u8), raw_labels({12}, DType::i32);
+  Tensor converted({12, 2, 3}, DType::f32), labels({12}, DType::i32);
+  reader.read_batch(indices, raw, raw_labels);
+  reader.read_batch(indices, converted, labels);
+  for (std::size_t p = 0; p < indices.size(); ++p) {
+    EXPECT_EQ(raw_labels.data<std::int32_t>()[p], labels.data<std::int32_t>()[p]);
+    for (std::int64_t e = 0; e < 6; ++e)
+      EXPECT_EQ(raw.data<std::uint8_t>()[p * 6 + e], value_of(indices[p], e)) << "position " << p;
+  }
+  EXPECT_EQ(raw.data<std::uint8_t>()[8 * 6], 0) << "rows past the batch are left alone";
+  const U8Normalization normalization = u8_normalization(reader.info());
+  Tensor normalized({12, 2, 3}, DType::f32);
+  kernels::normalize_u8(raw, normalized, normalization.scale, normalization.shift);
+  EXPECT_EQ(std::memcmp(normalized.data<float>(), converted.data<float>(), 8 * 6 * sizeof(float)), 0)
+      << "the device path must train on the reader's very inputs";
 }
 
 TEST(DatasetReader, RandomBatchesMatchSingleReads) {

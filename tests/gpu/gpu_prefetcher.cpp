@@ -1,7 +1,8 @@
 // The prefetcher delivering to the cuda device (issue #8: pinned host buffers, host->device
 // copies on the I/O threads' own streams): every batch's device copy equals a direct read, for
 // several depths and I/O thread counts, and a slot is not refilled on the device while kernels
-// launched on its previous batch are still queued (the copy waits for release()'s mark). Full
+// launched on its previous batch are still queued (the copy waits for release()'s mark); the
+// same with the uint8 samples delivered as stored (deliver_to's raw_u8, --data.normalize). Full
 // build only (it needs MPI, HDF5 and the data module); skipped (exit 77) without a device.
 #include <mpi.h>
 
@@ -15,6 +16,7 @@
 #include "kernels/add.hpp"
 #include "kernels/copy.hpp"
 #include "kernels/matmul.hpp"
+#include "kernels/normalize.hpp"
 #include "tests/gpu/harness.hpp"
 
 #ifdef MPTRAIN_HAVE_KOKKOS
@@ -30,23 +32,26 @@ constexpr int kSkipCode = 77;  // SKIP_RETURN_CODE in tests/gpu/CMakeLists.txt
 // the device samples into an accumulator are launched and left queued before release(), so the
 // GPU is still to read the slot when the I/O thread gets it back: without the copy's wait on
 // release()'s mark, the next batch of the slot would land under them. The accumulator is
-// compared with the same sums of a direct host read: identical bits (one f32 add each).
+// compared with the same sums of a direct host read: identical bits (one f32 add each). RAW:
+// u8 batches, turned into floats by normalize_u8 with scale 1 and shift 0 (exact) on each side
+// before the adds.
 void check(gpu_test::Harness& harness, const std::string& file, const data::ShardPlan& plan,
-           int depth, int io_threads, int backlog, std::int64_t batches) {
+           int depth, int io_threads, int backlog, std::int64_t batches, bool raw = false) {
   constexpr int kAdds = 4;
   const std::string name = "depth " + std::to_string(depth) + ", io-threads " +
                            std::to_string(io_threads) + ", " + std::to_string(backlog) +
-                           " matmuls queued before release";
+                           " matmuls queued before release" + (raw ? ", raw uint8" : "");
   data::DatasetReader reference(file, {}), first(file, {}), second(file, {});
   data::PrefetchOptions options;
   options.depth = depth;
   options.io_threads = io_threads;
   data::Prefetcher prefetcher({&first, &second}, plan, options);
-  prefetcher.deliver_to(Device::cuda);
+  prefetcher.deliver_to(Device::cuda, raw);
   prefetcher.start(0, 0, batches);
   Shape shape{plan.batch_per_rank()};
   for (auto extent : reference.info().sample_shape) shape.push_back(extent);
-  Tensor samples(shape, DType::f32), labels({plan.batch_per_rank()}, DType::i32);
+  Tensor samples(shape, raw ? DType::u8 : DType::f32), labels({plan.batch_per_rank()}, DType::i32);
+  Tensor floats_here(shape, DType::f32), floats_there(shape, DType::f32, Device::cuda);
   Tensor sum_here(shape, DType::f32), sum_there(shape, DType::f32, Device::cuda);
   const std::int64_t n = backlog > 0 ? 4096 : 1;  // 137 GFLOP per matmul: ~2 ms on an H200
   const Tensor busy_a = gpu_test::Random(9).tensor({n, n}, DType::f32).to(Device::cuda);
@@ -57,12 +62,14 @@ void check(gpu_test::Harness& harness, const std::string& file, const data::Shar
     const std::int64_t epoch = k / plan.steps_per_epoch(), step = k % plan.steps_per_epoch();
     plan.batch_indices(epoch, step, indices);
     reference.read_batch(indices, samples, labels);
+    if (raw) kernels::normalize_u8(samples, floats_here, 1.f, 0.f);
+    const Tensor& addend_here = raw ? floats_here : samples;
     sum_here.zero();
-    for (int r = 0; r < kAdds; ++r) kernels::add(sum_here, samples, sum_here);
+    for (int r = 0; r < kAdds; ++r) kernels::add(sum_here, addend_here, sum_here);
 
     const data::Batch& batch = prefetcher.next();
     if (batch.device_samples.device() != Device::cuda || batch.epoch != epoch ||
-        batch.step != step) {
+        batch.step != step || batch.device_samples.dtype() != samples.dtype()) {
       harness.expect(false, name + ": batch " + std::to_string(k), "not the planned batch on cuda");
       return;
     }
@@ -72,7 +79,9 @@ void check(gpu_test::Harness& harness, const std::string& file, const data::Shar
                 std::memcmp(batch.samples.raw(), samples.raw(), samples.size_bytes()) == 0;
     sum_there.zero();
     for (int r = 0; r < backlog; ++r) kernels::matmul(busy_a, false, busy_a, false, busy_c);
-    for (int r = 0; r < kAdds; ++r) kernels::add(sum_there, batch.device_samples, sum_there);
+    if (raw) kernels::normalize_u8(batch.device_samples, floats_there, 1.f, 0.f);
+    const Tensor& addend_there = raw ? floats_there : batch.device_samples;
+    for (int r = 0; r < kAdds; ++r) kernels::add(sum_there, addend_there, sum_there);
     prefetcher.release();  // with all of that still queued on the compute stream
     const Tensor got = sum_there.to(Device::cpu);  // waits for it
     same = same && std::memcmp(got.raw(), sum_here.raw(), sum_here.size_bytes()) == 0;
@@ -117,6 +126,8 @@ int main(int argc, char** argv) {
     check(harness, file, plan, 0, 1, 8, 6);
     check(harness, file, plan, 2, 1, 8, 10);
     check(harness, file, plan, 4, 2, 8, 10);
+    check(harness, file, plan, 0, 1, 8, 6, /*raw=*/true);
+    check(harness, file, plan, 4, 2, 8, 10, /*raw=*/true);
     std::printf("%d passed, %d failed\n", harness.passed(), harness.failed());
     failed = harness.failed();
   }
