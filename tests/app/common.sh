@@ -17,6 +17,22 @@ mpirun_n() {  # mpirun_n NP args...
 fail() { echo "FAIL: $*" >&2; FAILURES=$((FAILURES + 1)); }
 pass() { echo "ok: $*"; PASSES=$((PASSES + 1)); }
 
+# lint_scripts ROOT LABEL FILE...: every FILE passes bash -n, and shellcheck where installed
+# (skipped, and said so, where it is not). Names are shown relative to ROOT.
+lint_scripts() {
+  local root=$1 label=$2; shift 2
+  local s
+  for s in "$@"; do
+    bash -n "$s" && pass "bash -n ${s#"$root"/}" || fail "bash -n ${s#"$root"/}"
+  done
+  if command -v shellcheck >/dev/null; then
+    shellcheck "$@" >"$TMP/shellcheck.log" 2>&1 && pass "shellcheck $label" ||
+      { fail "shellcheck $label"; cat "$TMP/shellcheck.log" >&2; }
+  else
+    echo "skip: shellcheck not installed"
+  fi
+}
+
 finish() {
   echo "$PASSES passed, $FAILURES failed"
   [ "$FAILURES" -eq 0 ]

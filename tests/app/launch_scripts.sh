@@ -26,16 +26,8 @@ unset "${!SLURM_@}" CUDA_VISIBLE_DEVICES MPTRAIN_SRUN_ARGS MPTRAIN_MPIRUN_ARGS
 export MPTRAIN_GPUS_PER_NODE=0
 
 # --- 1. every launch script parses ---------------------------------------------------------------
-scripts=("$REPO"/launch/*.sh "$REPO"/launch/mptrain-run "$REPO"/launch/lib/*.sh "$REPO"/launch/slurm/*.sbatch)
-for s in "${scripts[@]}"; do
-  bash -n "$s" && pass "bash -n ${s#"$REPO"/}" || fail "bash -n ${s#"$REPO"/}"
-done
-if command -v shellcheck >/dev/null; then
-  shellcheck "${scripts[@]}" >"$TMP/shellcheck.log" 2>&1 && pass "shellcheck launch/" ||
-    { fail "shellcheck launch/"; cat "$TMP/shellcheck.log" >&2; }
-else
-  echo "skip: shellcheck not installed"
-fi
+lint_scripts "$REPO" launch/ "$REPO"/launch/*.sh "$REPO"/launch/mptrain-run "$REPO"/launch/lib/*.sh \
+  "$REPO"/launch/slurm/*.sbatch
 
 "$MPTRAIN" prepare synthetic --out "$D" --train-samples 2048 --test-samples 256 --classes 10 --seed 5 \
   >"$TMP/prepare.log" 2>&1 || { fail "prepare synthetic"; cat "$TMP/prepare.log" >&2; finish; }

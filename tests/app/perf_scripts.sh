@@ -7,16 +7,7 @@ source "$(dirname "$0")/common.sh"
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 
 # --- 1. every perf script parses ------------------------------------------------------------------
-scripts=("$REPO"/perf/*.sh)
-for s in "${scripts[@]}"; do
-  bash -n "$s" && pass "bash -n ${s#"$REPO"/}" || fail "bash -n ${s#"$REPO"/}"
-done
-if command -v shellcheck >/dev/null; then
-  shellcheck "${scripts[@]}" >"$TMP/shellcheck.log" 2>&1 && pass "shellcheck perf/*.sh" ||
-    { fail "shellcheck perf/*.sh"; cat "$TMP/shellcheck.log" >&2; }
-else
-  echo "skip: shellcheck not installed"
-fi
+lint_scripts "$REPO" "perf/*.sh" "$REPO"/perf/*.sh
 
 # --- 2. gpu_check.sh's user errors ----------------------------------------------------------------
 # expect_refused PATTERN ARGS...: exit 2 within 10 s, one line on stderr matching PATTERN, no
