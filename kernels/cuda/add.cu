@@ -1,5 +1,5 @@
 // CUDA elementwise add (see kernels/add.hpp): any mix of f32, f16 and bf16, summed in f32 and
-// rounded once, bit for bit the host kernel's result.
+// rounded once: the host kernel's result bit for bit, except a NaN's payload (the GPU has one NaN).
 #include "kernels/add.hpp"
 #include "kernels/cuda/common.cuh"
 

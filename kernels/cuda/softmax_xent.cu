@@ -40,9 +40,11 @@ __global__ void xent_kernel(const float* logits, const std::int32_t* labels, flo
   }
   float max_logit = -INFINITY;
   std::int64_t argmax = classes;
-  for (std::int64_t j = lane; j < classes; j += 32) {  // this lane's first maximum
+  // This lane's first maximum. As on the host, which starts from x[0] and moves on only to a
+  // greater value, a NaN past column 0 never wins; a NaN in column 0 wins the row (below).
+  for (std::int64_t j = lane; j < classes; j += 32) {
     const float v = x[j];
-    if (argmax == classes || v > max_logit) {
+    if (v > max_logit || (argmax == classes && !isnan(v))) {
       max_logit = v;
       argmax = j;
     }
@@ -58,6 +60,10 @@ __global__ void xent_kernel(const float* logits, const std::int32_t* labels, flo
   }
   max_logit = __shfl_sync(0xffffffffu, max_logit, 0);
   argmax = __shfl_sync(0xffffffffu, argmax, 0);
+  if (isnan(x[0])) {
+    max_logit = x[0];
+    argmax = 0;
+  }
   double exp_sum = 0;
   for (std::int64_t j = lane; j < classes; j += 32) {
     const float e = expf(x[j] - max_logit);
@@ -70,7 +76,7 @@ __global__ void xent_kernel(const float* logits, const std::int32_t* labels, flo
   if (dx) {
     const float factor = static_cast<float>(grad_scale / exp_sum);
     for (std::int64_t j = lane; j < classes; j += 32) {
-      const float g = dx[j] * factor;
+      const float g = __fmul_rn(dx[j], factor);  // rounded before the subtraction, as on the host
       dx[j] = j == label ? g - grad_scale : g;
     }
   }

@@ -203,7 +203,7 @@ void case_copy(Harness& h, Random& rng) {
 
 void case_add(Harness& h, Random& rng) {
   // Every mix the trainer makes (16-bit gradients into an f32 accumulator and back, residual
-  // branches), with the in-place form; f32 sums rounded once: the same bytes on both sides.
+  // branches), with the in-place form; f32 sums rounded once: the same values on both sides.
   const DType mixes[][3] = {{DType::f32, DType::f32, DType::f32},
                             {DType::f32, DType::f16, DType::f32},
                             {DType::bf16, DType::f32, DType::bf16},
@@ -217,11 +217,13 @@ void case_add(Harness& h, Random& rng) {
     const std::string label = std::string("add") + tag(mix[0]) + tag(mix[1]) + " ->" + tag(mix[2]);
     kernels::add(a, b, y);
     kernels::add(ad, bd, yd);
-    h.expect_same_bytes(label, yd, y);
+    // Exact, signed zeros included; any NaN matches any NaN, since the GPU returns its one
+    // canonical NaN where the host keeps the planted NaN's payload.
+    h.expect_close(label, yd, y, kExact);
     if (mix[0] == mix[2]) {  // in place, as the accumulation runs
       kernels::add(a, b, a);
       kernels::add(ad, bd, ad);
-      h.expect_same_bytes(label + " in place", ad, a);
+      h.expect_close(label + " in place", ad, a, kExact);
     }
   }
 }
@@ -487,6 +489,27 @@ void case_softmax_xent(Harness& h, Random& rng) {
                   {1e-6, 0});
     h.expect_close("softmax_xent_forward_backward dlogits" + dims, dld, dl,
                    {1e-5, 1e-6 * grad_scale});
+  }
+  // NaN logits: the host starts from column 0 and moves on only to a greater value, so a NaN past
+  // column 0 never wins (row 0: the maximum sits in the NaN's lane, 32 columns on) and a NaN in
+  // column 0 wins its row (row 1). The losses are NaN; only the correct count can differ.
+  {
+    constexpr std::int64_t classes = 64;
+    Tensor logits = rng.tensor({2, classes}, DType::f32, -8.f, 8.f);
+    float* x = logits.data<float>();
+    x[1] = kNaN;
+    x[33] = 20.f;
+    x[classes] = kNaN;
+    x[classes + 5] = 20.f;
+    Tensor labels({2}, DType::i32);
+    labels.data<std::int32_t>()[0] = 33;
+    labels.data<std::int32_t>()[1] = 0;
+    const auto want = kernels::softmax_xent_forward(logits, labels);
+    const auto got = kernels::softmax_xent_forward(dev(logits), dev(labels));
+    h.expect(want.correct == 2, "softmax_xent_forward NaN rows: host argmax",
+             std::to_string(want.correct) + " of 2 rows");
+    h.expect(got.correct == want.correct, "softmax_xent_forward NaN rows: correct",
+             std::to_string(got.correct) + " vs " + std::to_string(want.correct));
   }
 }
 
