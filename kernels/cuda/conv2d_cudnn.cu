@@ -137,6 +137,11 @@ int choose(const std::vector<Perf>& results, int count, cudnnConvolutionDescript
     const Perf& r = results[static_cast<std::size_t>(i)];
     if (r.status != CUDNN_STATUS_SUCCESS || r.determinism != CUDNN_DETERMINISTIC) continue;
     if (fma_only && is_transform(r.algo)) continue;
+    // A result ranked for tensor-op math may not run under the descriptor's FMA math; skipping
+    // it here keeps the planned fallback (the next result, or im2col) instead of an abort later.
+    if (fma_only &&
+        (r.mathType == CUDNN_TENSOR_OP_MATH || r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))
+      continue;
     if (!fma_only) MPT_CHECK_CUDNN(cudnnSetConvolutionMathType(conv, r.mathType));
     std::size_t size = 0;
     if (workspace_of(r.algo, size) != CUDNN_STATUS_SUCCESS || size > limit) continue;

@@ -117,10 +117,14 @@ class LtContext {
         preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    MPT_CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.a, plan.b, plan.c,
-                                                    plan.c, preference, 1, &result, &found));
+    // NOT_SUPPORTED (no heuristic for this problem), no result, or a result whose state is not
+    // SUCCESS all mean the same to the user: this shape and dtype mix has no algorithm.
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        handle_, plan.desc, plan.a, plan.b, plan.c, plan.c, preference, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(preference);
-    if (found == 0)
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED) MPT_CHECK_CUBLAS(status);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0 ||
+        result.state != CUBLAS_STATUS_SUCCESS)
       abort_job("kernels::cuda::matmul: cuBLASLt has no algorithm for m=" + std::to_string(key.m) +
                 " n=" + std::to_string(key.n) + " k=" + std::to_string(key.k) + " in " +
                 dtype_name(key.ab) + " -> " + dtype_name(key.c));
