@@ -25,6 +25,7 @@
 #include "comm/comm.hpp"
 #include "comm/half_sum.hpp"
 #include "comm/nccl_convert.hpp"
+#include "comm/watchdog.hpp"
 #include "core/device_memory.hpp"
 #include "core/error.hpp"
 
@@ -170,9 +171,14 @@ NcclBackend::NcclBackend(const Topology& topology, const AllreduceConfig& config
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
   if (rank_ == 0) MPT_CHECK_NCCL(ncclGetUniqueId(&id));
-  MPT_CHECK_MPI(MPI_Bcast(&id, static_cast<int>(sizeof id), MPI_BYTE, 0, group));
-  // Blocks until every member has joined (each node builds its own at the same time).
-  MPT_CHECK_NCCL(ncclCommInitRank(&comm_, size_, id, rank_));
+  {
+    // Both calls wait for every member; a peer that never joins (NCCL_SOCKET_IFNAME pointing
+    // nowhere, a rank stuck bringing up its GPU) is the watchdog's to name, as in a step.
+    const CollectiveScope scope(Collective::communicator_setup);
+    MPT_CHECK_MPI(MPI_Bcast(&id, static_cast<int>(sizeof id), MPI_BYTE, 0, group));
+    // Blocks until every member has joined (each node builds its own at the same time).
+    MPT_CHECK_NCCL(ncclCommInitRank(&comm_, size_, id, rank_));
+  }
   {
     const std::lock_guard<std::mutex> lock(live_mutex);
     live_communicators().push_back(comm_);
@@ -249,6 +255,9 @@ void NcclBackend::wait() {
     if (status != cudaErrorNotReady)
       ::mpt::detail::check_failed("CUDA", "cudaStreamQuery(comm stream)", cuda_failure(status),
                                   __FILE__, __LINE__);
+    // "Not ready" is also this thread's last error now; cleared, or the next launch check on
+    // this thread (the optimizer's first kernel, a wire conversion) would report it as a failure.
+    (void)cudaGetLastError();
     ncclResult_t async = ncclSuccess;
     MPT_CHECK_NCCL(ncclCommGetAsyncError(comm_, &async));
     if (async != ncclSuccess && async != ncclInProgress)

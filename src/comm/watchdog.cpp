@@ -120,6 +120,7 @@ const char* collective_name(Collective collective) {
     case Collective::gather: return "gather";
     case Collective::barrier: return "barrier";
     case Collective::agreement: return "error agreement";
+    case Collective::communicator_setup: return "communicator setup";
   }
   return "unknown";
 }

@@ -44,7 +44,8 @@ enum class Collective : int {
   broadcast,
   gather,
   barrier,
-  agreement,  // World::run_agreed
+  agreement,           // World::run_agreed
+  communicator_setup,  // a device communicator's construction (ncclCommInitRank)
 };
 const char* collective_name(Collective collective);
 

@@ -55,6 +55,9 @@ TEST(Watchdog, CollectivesAreCountedAndMarked) {
     EXPECT_EQ(p.index.load(), 7);
   }
   EXPECT_EQ(p.collective.load(), static_cast<int>(Collective::none));
+  // The names the watchdog's line prints, the NCCL communicator's construction among them.
+  EXPECT_STREQ(collective_name(Collective::gradient_bucket), "gradient bucket");
+  EXPECT_STREQ(collective_name(Collective::communicator_setup), "communicator setup");
   set_phase(Phase::backward, 12);
   EXPECT_EQ(p.phase.load(), static_cast<int>(Phase::backward));
   EXPECT_EQ(p.step.load(), 12);
