@@ -28,6 +28,11 @@ void set_cuda_device(int device);
 // (core/arena.hpp: cudaMalloc only when a new slab is needed); aborts on failure, naming the size.
 void* allocate_cuda(std::size_t bytes);
 // Back to the arena, not to the driver. Never aborts: called from destructors.
+// The block may be handed out again at once. The next allocate_cuda zeroes it on the legacy
+// stream and synchronises, which orders the reuse after every blocking stream (compute), but
+// not after the non-blocking ones (the prefetcher's copy queue, staging, NCCL): an owner whose
+// memory such a stream may still touch synchronises that stream before freeing (CopyQueue::finish,
+// staging_destroy).
 void free_cuda(void* pointer);
 // How many times a planned device scratch buffer (shared by kernels, grown on demand) was
 // replaced by a larger one, its old block going back to the arena. A CUDA graph keeps the
