@@ -45,6 +45,12 @@ cudaStream_t stream();
 // no device and creates nothing.
 bool legacy_stream_selected();
 
+// Zeroes T on the compute stream: Tensor::zero() goes through the legacy stream and waits,
+// which a launcher inside the step must not do (and which would invalidate a graph capture).
+inline void zero_on_stream(Tensor& t) {
+  if (t.numel() > 0) MPT_CHECK_CUDA(cudaMemsetAsync(t.raw(), 0, t.size_bytes(), stream()));
+}
+
 inline constexpr int kThreads = 256;
 // Blocks for a grid-stride loop over N elements: enough to fill the device, never more than N needs.
 int blocks_for(std::int64_t n);

@@ -489,8 +489,8 @@ void CudnnConv2d::backward(const Tensor& x, const Tensor& weight, const Tensor& 
                              dx->dtype() == x.dtype() && dx->numel() == x.numel(),
                          op, "dx must be shaped like x, with x's dtype", x, *dx);
   if (n == 0) {  // sums over no samples
-    weight_grad.zero();
-    bias_grad.zero();
+    zero_on_stream(weight_grad);
+    zero_on_stream(bias_grad);
     return;
   }
   const BatchPlan& plan = s.plan_for(n);

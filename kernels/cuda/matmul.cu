@@ -161,7 +161,7 @@ void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b
   if (m == 0 || n == 0) return;
   if (k == 0) {  // C = beta C, and exactly 0 when beta == 0 (C not read), as on the host
     if (beta == 0.f) {
-      c.zero();
+      zero_on_stream(c);
     } else if (c.dtype() == DType::f32) {
       float* out = c.data<float>();
       launch_elementwise(op, c.numel(), [=] __device__(std::int64_t i) { out[i] *= beta; });
