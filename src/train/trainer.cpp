@@ -1229,6 +1229,12 @@ TrainSummary Trainer::run() {
   // graphs and the fixed batch buffers they read.
   const bool graphs = config.cuda_graphs;
   kernels::StepGraph forward_backward_graph("forward+backward"), optimizer_graph("optimizer");
+  // Set by the first eager micro-batch of a full batch whose backward ran: that one made every
+  // buffer the kernels create on first use (cuBLASLt's workspace, the bias partial rows), which
+  // a capture must not allocate. Until then steps stay eager: a first step whose backward did not
+  // run (a non-finite loss skipped under MPTRAIN_REPORT_LAG=0, read on the host) warms nothing.
+  // (Batches are always full on cuda, ShardPlan padding the last; the size test keeps it so.)
+  bool graph_warmed = false;
   Tensor graph_samples, graph_labels;
   Shape sample_batch{batch};
   for (const std::int64_t d : info.sample_shape) sample_batch.push_back(d);
@@ -1559,10 +1565,10 @@ TrainSummary Trainer::run() {
         if (raw_u8)
           kernels::normalize_u8(delivered, normalized, normalization.scale, normalization.shift);
         const Tensor& samples = raw_u8 ? normalized : delivered;
-        // --cuda.graphs, after the run's first (eager) step: the batch goes into fixed buffers,
-        // and forward, loss and backward replay from one graph (captured at the first such
-        // step); a short batch runs eagerly. Buckets then all go at wait(): no hook.
-        const bool replayed = graphs && step > start_step && samples.dim(0) == batch;
+        // --cuda.graphs, after an eager full batch (graph_warmed): the batch goes into fixed
+        // buffers, and forward, loss and backward replay from one graph (captured at the first
+        // such step); a short batch runs eagerly. Buckets then all go at wait(): no hook.
+        const bool replayed = graphs && graph_warmed && samples.dim(0) == batch;
         // Without a lag the step's loss so far is read on the host, before and after this
         // micro-batch's (free: host memory), so that the skip line is printed once per step.
         const bool finite_before =
@@ -1610,6 +1616,7 @@ TrainSummary Trainer::run() {
           poison_in_hook = must_poison;
         }
         if (run_backward && !replayed) model->backward(dlogits, hooked ? launch_buckets : no_hook);
+        if (run_backward && !replayed && samples.dim(0) == batch) graph_warmed = true;
         if (!loss_finite && !skip_nonfinite_loss) {
           const std::string layer = model->first_nonfinite_layer(samples);
           throw_user_error("non-finite loss at step " + std::to_string(step + 1) +
