@@ -9,15 +9,17 @@
 # Builds the GPU-only subset unless MPI, HDF5, Boost and Kokkos are all present; the trainer
 # stages then run the prebuilt trainer of perf/gpu_bundle.sh where its archive was carried
 # along (.gpu-bundle/mptrain-bundle.tar.xz, or --bundle). Aims to finish well inside 8 minutes
-# on one H200 (62 s on 2026-11-29, when it did far less; not yet timed since): every stage has its
-# own timeout, the optional last stages are skipped after --budget seconds, and each stage saves
-# the logs so far to $OUT.
+# on one H200 (62 s on 2026-11-29, when it did far less; not yet timed since). The device tool
+# kills a command at its limit with no chance to clean up, so the check never relies on reaching
+# its end: every command's timeout is capped by --deadline, the optional last stages are skipped
+# after --budget seconds, a failed configure or build skips only what needs it, and each stage
+# first rewrites the summary table and the log archive in $OUT with what is known so far.
 set -uo pipefail
 
 usage() {
   cat <<'USAGE'
 Usage: perf/gpu_check.sh [--steps N] [--batch B] [--build-dir DIR] [--jobs J] [--bundle FILE]
-                         [--budget S]
+                         [--budget S] [--deadline S]
   --steps N      timed training steps per precision (default 200)
   --batch B      samples per step (default 256)
   --build-dir D  build folder (default build/gpu-check)
@@ -26,6 +28,9 @@ Usage: perf/gpu_check.sh [--steps N] [--batch B] [--build-dir DIR] [--jobs J] [-
                  trainer (default .gpu-bundle/mptrain-bundle.tar.xz, if present)
   --budget S     seconds after which the last, optional stages (the GPU-bound batch and its
                  ncu profile) are skipped, so that the summary is written (default 420)
+  --deadline S   seconds the whole check must end within: every command's timeout is cut to
+                 what is left of it, less 15 s for the summary, and a command with under 5 s
+                 left is skipped; keep it below the device tool's timeout (default 500)
 USAGE
 }
 
@@ -36,11 +41,12 @@ jobs=$(nproc 2>/dev/null || echo 4)
 bundle_archive=.gpu-bundle/mptrain-bundle.tar.xz
 bundle_given=0
 budget=420
+deadline=500
 # A user error: one line naming the option, exit 2, before anything is built or run.
 usage_error() { echo "gpu_check.sh: $* (see --help)" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --steps|--batch|--build-dir|--jobs|--bundle|--budget)
+    --steps|--batch|--build-dir|--jobs|--bundle|--budget|--deadline)
       [[ $# -ge 2 && -n $2 ]] || usage_error "$1 needs a value"
       case "$1" in
         --steps) steps=$2 ;;
@@ -49,6 +55,7 @@ while [[ $# -gt 0 ]]; do
         --jobs) jobs=$2 ;;
         --bundle) bundle_archive=$(realpath -m -- "$2"); bundle_given=1 ;;
         --budget) budget=$2 ;;
+        --deadline) deadline=$2 ;;
       esac
       shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -59,20 +66,68 @@ for option in steps batch jobs; do
   [[ ${!option} =~ ^[1-9][0-9]*$ ]] || usage_error "--$option takes a positive whole number, not '${!option}'"
 done
 [[ $budget =~ ^[0-9]+$ ]] || usage_error "--budget takes whole seconds, not '$budget'"
+[[ $deadline =~ ^[1-9][0-9]*$ ]] || usage_error "--deadline takes whole seconds, not '$deadline'"
 # The default archive is optional; one named with --bundle must be there.
 [[ $bundle_given == 0 || -f $bundle_archive ]] ||
   usage_error "--bundle $bundle_archive: no such file; hint: make it with perf/gpu_bundle.sh"
 
 cd "$(dirname "$0")/.." || exit 1
 start=$(date +%s)
-# Every stage first saves the logs so far to $OUT (the device tool's return folder, at most 8
-# files), so that a run cut short by its time limit still brings them back.
+mkdir -p "$build" || exit 1
+# What the summary reads, so that it can be written from the first stage on.
+for log in deadline configure build ctest prefetcher gpu_bench gpu_bench_graphs pytorch trainer nccl \
+  gpu_bench_big pytorch_big; do
+  : > "$build/$log.log"
+done
+: > "$build/ncu.txt"
+gpu_name=
+arch=
+tests_line=
+ctest_rc=0
+trainer_source=none
+trainer_looked=0
+bundle=
+current_stage=start
+completed=0
+# Seconds left before --deadline, less the 15 s that the summary and the logs' archive need.
+seconds_left() { echo $(( deadline - 15 - ($(date +%s) - start) )); }
+# tmo SECONDS COMMAND...: timeout(1) with SECONDS cut to what is left before the deadline; with
+# under 5 s left the command is not started: exit 125, one line on stderr and in deadline.log
+# (a file, since tmo often runs inside a pipeline's subshell), which the summary counts.
+tmo() {
+  local want=$1 left
+  shift
+  left=$(seconds_left)
+  if (( left < 5 )); then
+    echo "gpu_check.sh: --deadline $deadline reached, not started: ${*:1:6}" | tee -a "$build/deadline.log" >&2
+    return 125
+  fi
+  timeout $(( want < left ? want : left )) "$@"
+}
+# Every stage first saves the logs so far and the summary so far to $OUT (the device tool's
+# return folder, at most 8 files), so that a run killed at the tool's limit still brings them
+# back. Each is written beside its final name and renamed, so a kill mid-write leaves the last.
 save_logs() {
   [[ -n ${OUT:-} && -d $build ]] || return 0
-  (cd "$build" && find . -maxdepth 2 -name '*.log' -print0 \
-    | tar --null -czf "$OUT/gpu_check_logs.tar.gz" -T -) 2>/dev/null || true
+  (cd "$build" && find . -maxdepth 2 \( -name '*.log' -o -name 'CMakeConfigureLog.yaml' \) -print0 \
+    | tar --null -czf "$OUT/.gpu_check_logs.tar.gz" -T - && mv -f "$OUT/.gpu_check_logs.tar.gz" \
+      "$OUT/gpu_check_logs.tar.gz") 2>/dev/null || true
 }
-stage() { save_logs; echo; echo "== [$(( $(date +%s) - start ))s] $*"; }
+stage() {
+  current_stage=$*
+  save_logs
+  write_summary
+  echo
+  echo "== [$(( $(date +%s) - start ))s] $*"
+}
+# On any exit (a normal end, or an early exit below): the last logs and the summary, printed.
+# shellcheck disable=SC2317  # invoked by the EXIT trap
+finish_check() {
+  save_logs
+  write_summary
+  cat "$build/gpu_check.txt"
+}
+trap finish_check EXIT
 # over_budget WHAT: true (and says so) once --budget seconds have passed.
 over_budget() {
   local elapsed=$(( $(date +%s) - start ))
@@ -110,388 +165,31 @@ print(" ".join(out))
 PY
 }
 
-stage "GPU"
-gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>/dev/null || true
-echo "GPU: ${gpu_name:-none found by nvidia-smi}"
-cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
-arch=${cap:-80;90}
-nvcc --version | tail -1
-
-stage "configure ($build, CUDA architectures $arch)"
-generator=()
-command -v ninja >/dev/null && generator=(-G Ninja)
-timeout 300 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DMPTRAIN_ENABLE_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$arch" -DMPTRAIN_ENABLE_BENCHMARKS=OFF \
-  | grep -E "mptrain|Found|GPU-only|Error|error" || true
-if ! grep -q "^MPTRAIN_GPU_ONLY_BUILD" "$build/CMakeCache.txt" 2>/dev/null; then
-  echo "gpu_check.sh: configure failed" >&2
-  exit 1
-fi
-targets=(gpu_kernels gpu_model gpu_case_table gpu_host_reference gpu_bench)
-# With MPI, HDF5, Boost and Kokkos present the full trainer is built too.
-# (and the prefetcher's device delivery test, which needs MPI and HDF5 as the trainer does).
-grep -q '^MPTRAIN_GPU_ONLY_BUILD:INTERNAL=OFF' "$build/CMakeCache.txt" && targets+=(mptrain gpu_prefetcher)
-# Where NCCL and MPI are found (the GPU-only build too, which then builds comm alone), the
-# nccl all-reduce's GPU test (its own stage below).
-grep -q '^MPTRAIN_NCCL_BUILD:INTERNAL=ON' "$build/CMakeCache.txt" && targets+=(gpu_nccl_allreduce)
-echo "targets: ${targets[*]}"
-
-stage "build (${targets[*]}, $jobs jobs)"
-if ! timeout 400 cmake --build "$build" -j "$jobs" --target "${targets[@]}" > "$build/build.log" 2>&1; then
-  grep -E "error|FAILED" "$build/build.log" | head -40
-  echo "gpu_check.sh: build failed (log: $build/build.log)" >&2
-  exit 1
-fi
-tail -1 "$build/build.log"
-
-stage "tests/gpu (ctest -L gpu)"
-timeout 300 ctest --test-dir "$build" -L gpu -E '^gpu_nccl_allreduce' -V > "$build/ctest.log" 2>&1
-ctest_rc=$?
-# Every case and the failures in full; passing checks only as a count.
-grep -E "FAIL|: case |: pending |gpu_kernels on|[0-9]+ passed, [0-9]+ failed|tests passed|tests failed|Skipped|SKIPPED|\*\*\*" \
-  "$build/ctest.log" | tail -80
-tests_line=$(grep -oE "[0-9]+ passed, [0-9]+ failed" "$build/ctest.log" | tr '\n' ';')
-echo "ctest exit status: $ctest_rc"
-if [[ -n $gpu_name ]] && grep -q "SKIPPED: no CUDA device" "$build/ctest.log"; then
-  echo "gpu_check.sh: nvidia-smi sees '$gpu_name' but the tests found no CUDA device" \
-       "(driver older than the CUDA $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') runtime?)" >&2
-  ctest_rc=1
-fi
-
-# Where the trainer comes from: this build (MPI, HDF5, Boost and Kokkos found here), else the
-# archive of perf/gpu_bundle.sh (the full CUDA build made on a Debian machine, with its libraries
-# and its own Open MPI), else nowhere: the trainer stages are then skipped, and say so.
-# with_env runs a command in the bundle's environment; empty for this build's own trainer.
-trainer_source=none
-mptrain=
-with_env=()
-bundle=
-if [[ " ${targets[*]} " == *" mptrain "* ]]; then
-  trainer_source=build
-  mptrain=$build/mptrain
-elif [[ -f $bundle_archive ]]; then
-  stage "unpack $bundle_archive (the trainer prebuilt by perf/gpu_bundle.sh)"
-  rm -rf "$build/bundle"
-  mkdir -p "$build/bundle"
-  if timeout 120 tar -C "$build/bundle" -xJf "$bundle_archive"; then
-    bundle=$(cd "$build/bundle/mptrain-bundle" && pwd)
-    cat "$bundle/MANIFEST"
-    # The CUDA runtime, cuBLASLt, cuDNN and NCCL that this machine's configure found (cuDNN and
-    # NCCL possibly pip's), both where the cache points and where its links lead.
-    cuda_dirs=$(sed -n -E 's/^(CUDA_cudart_LIBRARY|CUDA_cublasLt_LIBRARY|CUDNN_LIBRARY|NCCL_LIBRARY):FILEPATH=//p' \
-      "$build/CMakeCache.txt" | while read -r library; do
-        dirname "$library"
-        dirname "$(readlink -f "$library")"
-      done | awk '!seen[$0]++' | paste -sd: -)
-    cat > "$build/bundle-env" <<ENV
-#!/usr/bin/env bash
-source "$bundle/env.sh"
-export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH${cuda_dirs:+:$cuda_dirs}
-exec "\$@"
-ENV
-    chmod +x "$build/bundle-env"
-    with_env=("$(cd "$build" && pwd)/bundle-env")
-    mptrain=$bundle/bin/mptrain
-    if "${with_env[@]}" "$mptrain" --help > /dev/null 2> "$build/bundle-start.log"; then
-      trainer_source=bundle
-    else
-      echo "gpu_check.sh: the bundled mptrain does not start here: $(grep -m2 . "$build/bundle-start.log")" >&2
-    fi
-  else
-    echo "gpu_check.sh: could not unpack $bundle_archive" >&2
-  fi
-fi
-echo "trainer: $trainer_source${mptrain:+ ($mptrain)}"
-
-# The prefetcher's device delivery test from the bundle (this build, when it has the trainer,
-# ran it in ctest above).
-if [[ $trainer_source == bundle ]]; then
-  stage "gpu_prefetcher (bundled, mpiexec -n 1)"
-  timeout 120 "${with_env[@]}" mpiexec -n 1 "$bundle/bin/gpu_prefetcher" > "$build/prefetcher.log" 2>&1
-  prefetcher_rc=$?
-  grep -E "FAIL|: case |SKIPPED|[0-9]+ passed, [0-9]+ failed" "$build/prefetcher.log" | tail -20
-  [[ $prefetcher_rc -eq 0 || $prefetcher_rc -eq 77 ]] || ctest_rc=1
-  prefetcher_line=$(grep -m1 -oE "[0-9]+ passed, [0-9]+ failed|SKIPPED" "$build/prefetcher.log")
-  tests_line+="gpu_prefetcher (bundled): ${prefetcher_line:-no result, exit $prefetcher_rc};"
-fi
-
-stage "gpu_bench (steps $steps, batch $batch; then --graphs)"
-timeout 240 "$build/perf/gpu/gpu_bench" --steps "$steps" --batch "$batch" | tee "$build/gpu_bench.log"
-# The cnn as nn::Model (no kernel-level step, no GEMMs); its own runs, so that a failure of the
-# conv, pooling or BN device paths leaves the mlp figures above intact: convolutions through
-# cuDNN (the default), then through the im2col + cuBLASLt path, each with its own timeout.
-for conv in cudnn im2col; do
-  timeout 150 "$build/perf/gpu/gpu_bench" --model cnn --conv "$conv" --no-gemm --steps "$steps" \
-    --batch "$batch" | tee -a "$build/gpu_bench.log"
-done
-# The same nn::Model steps captured as one CUDA graph each and replayed (gpu_bench --graphs,
-# kernels::StepGraph): the mlp in every precision, the cnn (cuDNN convolutions) in fp16 and fp32.
-# Their own log and short timeouts: a capture that fails leaves the eager figures above intact.
-: > "$build/gpu_bench_graphs.log"
-timeout 45 "$build/perf/gpu/gpu_bench" --model mlp --graphs --no-gemm --steps "$steps" \
-  --batch "$batch" 2>&1 | tee -a "$build/gpu_bench_graphs.log"
-for precision in fp16 fp32; do
-  timeout 45 "$build/perf/gpu/gpu_bench" --model cnn --conv cudnn --graphs --no-gemm \
-    --precision "$precision" --steps "$steps" --batch "$batch" 2>&1 \
-    | tee -a "$build/gpu_bench_graphs.log"
-done
-
-stage "PyTorch peers (perf/pytorch_gpu.py and torch.matmul)"
-: > "$build/pytorch.log"
-for model in mlp cnn; do
-  for precision in fp32 fp16 bf16; do
-    timeout 120 "$python" perf/pytorch_gpu.py --model "$model" --batch "$batch" --steps "$steps" \
-      --precision "$precision" 2>&1 | tee -a "$build/pytorch.log"
-  done
-done
-timeout 120 "$python" - <<'PY' 2>&1 | tee -a "$build/pytorch.log"
-import torch
-if torch.cuda.is_available():
-    for size in (1024, 4096, 8192):
-        for name, dtype in (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
-            a = torch.rand(size, size, device="cuda", dtype=dtype)
-            b = torch.rand(size, size, device="cuda", dtype=dtype)
-            calls = 200 if size <= 1024 else 40 if size <= 4096 else 10
-            for _ in range(3):
-                a @ b
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(calls):
-                a @ b
-            stop.record()
-            torch.cuda.synchronize()
-            seconds = start.elapsed_time(stop) / 1e3
-            print(f"torch-gemm precision={name} m=n=k={size} tflops={2 * size**3 * calls / seconds / 1e12:.1f}")
-PY
-
-# The trainer itself (--device), where the full build made mptrain: a synthetic set made here
-# (no Fashion-MNIST on a bare machine), 40 steps of mlp and cnn on cpu and on cuda, one rank.
-# Each run has its own timeout and only reports: a failure here fails nothing else.
-: > "$build/trainer.log"
-if [[ $trainer_source != none ]]; then
-  # 40 steps of batch 256 are one epoch, so the run ends with its test evaluation.
-  stage "trainer --device=cpu|cuda (mptrain train, mlp and cnn 40 steps = 1 epoch, resnet-mini 20 x 2, batch 256, one rank)"
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  data=$build/trainer-data
-  timeout 60 "${with_env[@]}" "$mptrain" prepare synthetic --out "$data" --train-samples 10240 \
-    --test-samples 2048 --seed 7 > "$build/trainer-prepare.log" 2>&1 || tail -3 "$build/trainer-prepare.log"
-  # resnet-mini: gradient accumulation and sync-BN on the device (20 steps of 2 micro-batches).
-  # The mlp also as cuda+graphs: --cuda.graphs replays each step as one captured CUDA graph
-  # (the mlp has no dropout; accumulate is 1), beside the eager cuda run.
-  for model in mlp cnn resnet-mini; do
-    extra=()
-    train_steps=40
-    if [[ $model == resnet-mini ]]; then
-      extra=(--train.accumulate=2 --model.sync-bn=true)
-      train_steps=20
-    fi
-    devices=(cpu cuda)
-    [[ $model == mlp ]] && devices+=(cuda+graphs)
-    for device in "${devices[@]}"; do
-      run=$build/trainer-$model-$device
-      graph_flag=()
-      [[ $device == cuda+graphs ]] && graph_flag=(--cuda.graphs)
-      rc=0
-      timeout 45 "${with_env[@]}" mpiexec -n 1 "$mptrain" train --data.train="$data/train.h5" \
-        --data.test="$data/test.h5" --model.name="$model" --train.max-steps=$train_steps \
-        --train.batch-size=256 --device="${device%+graphs}" --output.dir="$run" \
-        --output.overwrite --output.progress=lines "${extra[@]}" "${graph_flag[@]}" \
-        > "$run.log" 2>&1 || rc=$?
-      grep -E "^device:" "$run.log" | head -1
-      if [[ $rc -eq 0 && -f $run/summary.json ]]; then
-        run_line "trainer model=$model device=$device" "$run/summary.json" samples_per_s \
-          final_train_loss test_accuracy tensor_peak_mb device_reserved_mb \
-          step_allocations=step_tensor_allocations step_cudamalloc=step_device_slabs \
-          data_wait_fraction gradient_path 2>&1 | tee -a "$build/trainer.log"
-      else
-        echo "trainer model=$model device=$device failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
-          | tee -a "$build/trainer.log"
-      fi
-    done
-    # Same seed, data and fp32 on both devices: the losses should agree to a few digits (the
-    # device sums in another order), and a gap says the cuda path is wrong, not slow.
-    awk -v m="$model" '$2 == "model=" m && $5 ~ /^final_train_loss=/ {
-        split($3, d, "="); split($5, l, "="); loss[d[2]] = l[2]
-      } END {
-        if (("cpu" in loss) && ("cuda" in loss) && loss["cpu"] != 0)
-          printf "trainer model=%s cuda/cpu final_train_loss ratio=%.4f\n", m, loss["cuda"] / loss["cpu"]
-        # The graph replays the eager step kernel for kernel: the same loss up to the order of
-        # the loss sum.
-        if (("cuda" in loss) && ("cuda+graphs" in loss))
-          printf "trainer model=%s final_train_loss cuda=%s cuda+graphs=%s\n", m, loss["cuda"], loss["cuda+graphs"]
-      }' "$build/trainer.log" | tee -a "$build/trainer.log"
-  done
-  # Is the GPU ever idle waiting for data (issue #8)? The mlp (the least compute per sample, so
-  # the hardest to feed) and the cnn on cuda for 120 steps (3 epochs, a window every 20 steps),
-  # with prefetch on (8 batches ahead, 4 I/O threads), then off (--data.prefetch=0, each batch
-  # read when the step wants it) for contrast: each run's data_wait_fraction over the run, and
-  # the largest over the windows after the first (which holds the pipeline's fill). The uint8
-  # samples travel as stored and the GPU normalises them (--data.normalize=auto on cuda); the
-  # mlp also runs with the I/O threads converting to f32 (reader: 4x the bytes over the bus).
-  for variant in mlp:8:auto mlp:8:reader mlp:0:auto cnn:8:auto cnn:0:auto; do
-    IFS=: read -r model prefetch normalize <<< "$variant"
-    run=$build/trainer-$model-cuda-prefetch$prefetch-$normalize
-    threads=1
-    (( prefetch > 0 )) && threads=4  # an I/O thread fills one read-ahead batch at a time
-    rc=0
-    timeout 60 "${with_env[@]}" mpiexec -n 1 "$mptrain" train --data.train="$data/train.h5" \
-      --data.test="$data/test.h5" --model.name="$model" --train.max-steps=120 \
-      --train.batch-size=256 --train.log-every=20 --device=cuda --data.prefetch="$prefetch" \
-      --data.io-threads=$threads --data.normalize="$normalize" --output.dir="$run" \
-      --output.overwrite --output.progress=lines > "$run.log" 2>&1 || rc=$?
-    label="trainer model=$model device=cuda prefetch=$prefetch io_threads=$threads normalize=$normalize"
-    if [[ $rc -eq 0 && -f $run/summary.json && -f $run/metrics.jsonl ]]; then
-      steady=$("$python" -c 'import json, sys
-fractions = [r["data_wait_fraction"] for r in map(json.loads, open(sys.argv[1])) if "data_wait_fraction" in r]
-print(f"{max(fractions[1:]):.4f}" if len(fractions) > 1 else "-1")' "$run/metrics.jsonl")
-      run_line "$label" "$run/summary.json" samples_per_s data_wait_fraction 2>&1 \
-        | sed "s/\$/ steady_window_max_data_wait_fraction=$steady/" | tee -a "$build/trainer.log"
-    else
-      echo "$label failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" | tee -a "$build/trainer.log"
-    fi
-  done
-  # Two ranks on the one GPU: NCCL refuses that, so the all-reduce stays on the host backends and
-  # stages the device gradients bucket by bucket through pinned memory (kernels/staging.hpp),
-  # overlapping backward (1 MiB buckets: several for the mlp). Beside the same two ranks on the
-  # cpu: the same data and seed, so the final losses should agree to a few digits.
-  for device in cpu cuda; do
-    run=$build/trainer-mlp-np2-$device
-    rc=0
-    timeout 60 "${with_env[@]}" mpiexec -n 2 --oversubscribe "$mptrain" train --data.train="$data/train.h5" \
-      --data.test="$data/test.h5" --model.name=mlp --train.max-steps=40 --train.batch-size=128 \
-      --device="$device" --comm.bucket-mb=1 --comm.overlap=on --output.dir="$run" \
-      --output.overwrite --output.progress=lines > "$run.log" 2>&1 || rc=$?
-    grep -m1 -E "^allreduce" "$run.log" | sed "s/^/$device-np2: /" | tee -a "$build/trainer.log"
-    if [[ $rc -eq 0 && -f $run/summary.json ]]; then
-      run_line "trainer model=mlp device=$device-np2" "$run/summary.json" samples_per_s \
-        final_train_loss test_accuracy comm_time_s exposed_comm_time_s gradient_path overlap \
-        2>&1 | tee -a "$build/trainer.log"
-    else
-      echo "trainer model=mlp device=$device-np2 failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
-        | tee -a "$build/trainer.log"
-    fi
-  done
-fi
-
-# The nccl all-reduce (issue #8), where this build or the bundle has NCCL and MPI: its GPU test
-# (np 1; np 2 reports SKIPPED on a one-GPU machine, NCCL refusing two ranks on one device) and,
-# where there is a trainer, one rank training the mlp with --comm.intra=nccl (the device
-# gradients reduced in place, no host staging; 1 MiB buckets queued on the comm stream as
-# backward launches them, one wait per step) beside the staged cuda run above. Own timeouts; a
-# failure is reported and fails nothing else.
-: > "$build/nccl.log"
-# With a bundle, its test binary under its own Open MPI (rehearsed on a bare Debian, see
-# docs/gpu.md); else this build's, where it has MPI and NCCL, under this machine's mpiexec.
-nccl_test=none
-[[ " ${targets[*]} " == *" gpu_nccl_allreduce "* ]] && nccl_test=build
-[[ $trainer_source == bundle ]] && nccl_test=bundle
-if [[ $nccl_test != none ]]; then
-  stage "nccl all-reduce (gpu_nccl_allreduce np 1 and 2, $nccl_test; mptrain train --comm.intra=nccl, one rank)"
-  if [[ $nccl_test == build ]]; then
-    timeout 150 ctest --test-dir "$build" -R '^gpu_nccl_allreduce' -V > "$build/nccl-ctest.log" 2>&1
-    nccl_rc=$?
-  else
-    # As ctest runs it (tests/gpu/CMakeLists.txt); exit 77 is a skip.
-    : > "$build/nccl-ctest.log"
-    nccl_rc=0
-    for np in 1 2; do
-      timeout 70 "${with_env[@]}" mpiexec -n $np --oversubscribe "$bundle/bin/gpu_nccl_allreduce" \
-        >> "$build/nccl-ctest.log" 2>&1
-      rc=$?
-      echo "gpu_nccl_allreduce np $np (bundled): exit $rc" >> "$build/nccl-ctest.log"
-      [[ $rc -eq 0 || $rc -eq 77 ]] || nccl_rc=$rc
-    done
-  fi
-  grep -E "FAIL|SKIPPED|gpu_nccl_allreduce on|gpu_nccl_allreduce np|[0-9]+ passed, [0-9]+ failed|tests passed|tests failed" \
-    "$build/nccl-ctest.log" | tail -30
-  result=$(grep -oE '[0-9]+ passed, [0-9]+ failed' "$build/nccl-ctest.log" | head -1)
-  [[ -z $result ]] && result=$(grep -m1 -oE 'SKIPPED: .{0,160}' "$build/nccl-ctest.log")
-  echo "nccl test: ${result:-no result} (exit $nccl_rc)" | tee -a "$build/nccl.log"
-  if [[ $trainer_source == none ]]; then
-    echo "trainer model=mlp device=cuda intra=nccl: not run (GPU-only build and no bundle: no mptrain)" \
-      | tee -a "$build/nccl.log"
-  else
-    run=$build/trainer-mlp-nccl
-    rc=0
-    timeout 60 "${with_env[@]}" mpiexec -n 1 "$mptrain" train --data.train="$data/train.h5" \
-      --data.test="$data/test.h5" --model.name=mlp --train.max-steps=40 --train.batch-size=256 \
-      --device=cuda --comm.intra=nccl --comm.bucket-mb=1 --comm.overlap=on \
-      --output.dir="$run" --output.overwrite --output.progress=lines > "$run.log" 2>&1 || rc=$?
-    grep -E "^allreduce" "$run.log" | head -1 | tee -a "$build/nccl.log"
-    if [[ $rc -eq 0 && -f $run/summary.json ]]; then
-      run_line "trainer model=mlp device=cuda" "$run/summary.json" intra=allreduce_intra \
-        samples_per_s final_train_loss comm_time_s exposed_comm_time_s gradient_path overlap \
-        2>&1 | tee -a "$build/nccl.log"
-    else
-      echo "trainer model=mlp device=cuda intra=nccl failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
-        | tee -a "$build/nccl.log"
-    fi
-  fi
-fi
-
-# The mlp at a GPU-bound batch (8192: about 90 GFLOP a step), where launches no longer hide
-# what the GPU does: nn::Model against PyTorch AMP, side by side, 50 steps each. The 16-bit
-# nn::Model was 0.54-0.61x PyTorch here on 2026-11-29; its dense layers now run one GEMM per
-# operand over the whole batch on the device (Model::plan), not 16 blocks of 512 rows.
+# The summary table (written by every stage and at the end, from the logs so far).
+# The GPU-bound batch of the last stages, and the mlp that casts its input to 16 bits first.
 big_batch=8192
 mlp16_spec=flatten,dense:1024,relu,dense:1024,relu,dense:10
-: > "$build/gpu_bench_big.log"
-: > "$build/pytorch_big.log"
-: > "$build/ncu.txt"
-if over_budget "the GPU-bound batch and the ncu profile"; then
-  echo "GPU-bound batch and ncu: skipped (over the --budget of ${budget} s)" | tee "$build/ncu.txt"
-else
-  stage "GPU-bound batch $big_batch: gpu_bench and PyTorch, mlp"
-  timeout 60 "$build/perf/gpu/gpu_bench" --model mlp --no-gemm --steps 50 --warmup 5 \
-    --batch "$big_batch" 2>&1 | tee -a "$build/gpu_bench_big.log"
-  # The same mlp behind a flatten layer, which casts the f32 input to the 16-bit precision once
-  # (as autocast does), so that the first dense layer computes in 16 bits too, not in f32.
-  timeout 60 "$build/perf/gpu/gpu_bench" --model "$mlp16_spec" --model-only --no-gemm --steps 50 \
-    --warmup 5 --batch "$big_batch" 2>&1 | tee -a "$build/gpu_bench_big.log"
-  for precision in fp32 fp16 bf16; do
-    timeout 60 "$python" perf/pytorch_gpu.py --model mlp --batch "$big_batch" --steps 50 \
-      --precision "$precision" 2>&1 | tee -a "$build/pytorch_big.log"
-  done
-
-  # Where the GPU-bound step's time goes, kernel by kernel: one timed nn::Model step of the mlp
-  # at batch 8192 under Nsight Compute (gpu_bench's timed loop is the profiler range), in fp16 and
-  # fp32, and with the input cast first in fp16, totalled per kernel by perf/gpu/ncu_summary.py.
-  # The 16-bit nn::Model was slower than the fp32 one here on 2026-11-29; these tables say where.
-  # Skipped where ncu is missing.
-  if command -v ncu >/dev/null; then
-    stage "ncu: one nn::Model step, mlp, batch $big_batch: fp16, fp32, fp16 with the input cast first"
-    for run in mlp:fp16 mlp:fp32 "$mlp16_spec:fp16"; do
-      model=${run%:*}
-      precision=${run##*:}
-      label=mlp
-      [[ $model != mlp ]] && label=mlp-cast-first
-      # LC_ALL=C: ncu formats values by the locale ("9,00" under a decimal comma), and the
-      # summary reads a comma as a thousands separator.
-      LC_ALL=C timeout 60 ncu --csv --print-units base --print-kernel-base function --clock-control none \
-        --profile-from-start off --metrics gpu__time_duration.sum \
-        "$build/perf/gpu/gpu_bench" --model "$model" --model-only --no-gemm --steps 1 --warmup 3 \
-        --batch "$big_batch" --precision "$precision" > "$build/ncu-$label-$precision.log" 2>&1
-      "$python" perf/gpu/ncu_summary.py "$build/ncu-$label-$precision.log" \
-        --label "ncu: $label nn::Model, $precision, batch $big_batch" 2>&1 | tee -a "$build/ncu.txt"
-      echo | tee -a "$build/ncu.txt"
-    done
-  else
-    echo "ncu: not on PATH, no kernel profile" | tee "$build/ncu.txt"
-  fi
-fi
-
-stage "summary"
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
 # ratio A B: A / B to two decimals, or n/a when either is missing or not positive.
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-{
-  echo "GPU check $(date -u '+%Y-%m-%d %H:%M UTC') on ${gpu_name:-unknown GPU} (CUDA arch $arch)"
+summary_body() {
+  echo "GPU check $(date -u '+%Y-%m-%d %H:%M UTC') on ${gpu_name:-unknown GPU} (CUDA arch ${arch:-unknown})"
+  local not_started
+  not_started=$(wc -l < "$build/deadline.log")
+  if ((completed && not_started == 0)); then
+    echo "check: complete"
+  elif ((completed)); then
+    echo "check: ended, but $not_started commands were not started before the --deadline of $deadline s (deadline.log)"
+  else
+    echo "check: PARTIAL, written as the stage '$current_stage' began (the run was cut short there or later)"
+  fi
   echo "tests/gpu: ${tests_line:-no result} (ctest exit $ctest_rc)"
   case $trainer_source in
     build) echo "trainer: built here" ;;
     bundle) echo "trainer: bundled ($(head -1 "$bundle/MANIFEST"))" ;;
-    *) echo "trainer: none (GPU-only build, no bundle: run perf/gpu_bundle.sh on the Debian machine and carry .gpu-bundle)" ;;
+    *) ((trainer_looked)) &&
+         echo "trainer: none (GPU-only build, no bundle: run perf/gpu_bundle.sh on the Debian machine and carry .gpu-bundle)" ||
+         echo "trainer: not yet looked for" ;;
   esac
   echo
   echo "| model | precision | batch | mptrain nn::Model samples/s | mptrain-kernels samples/s | PyTorch samples/s | nn::Model / PyTorch | kernels / PyTorch |"
@@ -563,10 +261,422 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a 
     cat "$build/nccl.log"
   fi
   echo
-  echo "total time $(( $(date +%s) - start )) s"
-} | tee "$build/gpu_check.txt"
-# $OUT: the summary, and every log of this check (the build's, each stage's and each training
-# run's) in one archive.
-save_logs
-[[ -n ${OUT:-} ]] && cp "$build/gpu_check.txt" "$OUT/gpu_check.txt"
+  echo "total time $(( $(date +%s) - start )) s (--deadline $deadline)"
+}
+# write_summary: the table from the logs so far into $build/gpu_check.txt and $OUT/gpu_check.txt
+# (each replaced by a rename). In a subshell, so that the table's loop variables stay its own.
+write_summary() {
+  local text=$build/gpu_check.txt
+  (summary_body) > "$text.tmp" 2>/dev/null
+  mv -f "$text.tmp" "$text"
+  [[ -z ${OUT:-} ]] || { cp "$text" "$OUT/.gpu_check.txt" && mv -f "$OUT/.gpu_check.txt" "$OUT/gpu_check.txt"; }
+}
+
+stage "GPU"
+gpu_name=$(timeout 20 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>/dev/null || true
+echo "GPU: ${gpu_name:-none found by nvidia-smi}"
+cap=$(timeout 20 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
+arch=${cap:-80;90}
+nvcc --version | tail -1
+
+# A configure or build that fails skips only what needs its binaries: the PyTorch peers and the
+# bundle's stages still run, and the logs say why (configure.log, build.log).
+stage "configure ($build, CUDA architectures $arch)"
+generator=()
+keep_going=(-k)
+command -v ninja >/dev/null && { generator=(-G Ninja); keep_going=(-k 0); }
+tmo 300 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DMPTRAIN_ENABLE_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$arch" -DMPTRAIN_ENABLE_BENCHMARKS=OFF \
+  > "$build/configure.log" 2>&1
+configure_rc=$?
+grep -E "mptrain|Found|GPU-only|Error|error" "$build/configure.log"
+targets=()
+if [[ $configure_rc -ne 0 ]] || ! grep -q "^MPTRAIN_GPU_ONLY_BUILD" "$build/CMakeCache.txt" 2>/dev/null; then
+  echo "gpu_check.sh: configure failed (exit $configure_rc, log: $build/configure.log): nothing is built here" >&2
+  ctest_rc=1
+else
+  targets=(gpu_kernels gpu_model gpu_case_table gpu_host_reference gpu_bench)
+  # With MPI, HDF5, Boost and Kokkos present the full trainer is built too.
+  # (and the prefetcher's device delivery test, which needs MPI and HDF5 as the trainer does).
+  grep -q '^MPTRAIN_GPU_ONLY_BUILD:INTERNAL=OFF' "$build/CMakeCache.txt" && targets+=(mptrain gpu_prefetcher)
+  # Where NCCL and MPI are found (the GPU-only build too, which then builds comm alone), the
+  # nccl all-reduce's GPU test (its own stage below).
+  grep -q '^MPTRAIN_NCCL_BUILD:INTERNAL=ON' "$build/CMakeCache.txt" && targets+=(gpu_nccl_allreduce)
+fi
+echo "targets: ${targets[*]:-none}"
+
+if ((${#targets[@]})); then
+  stage "build (${targets[*]}, $jobs jobs, keep going past a failed target)"
+  if ! tmo 400 cmake --build "$build" -j "$jobs" --target "${targets[@]}" -- "${keep_going[@]}" \
+      > "$build/build.log" 2>&1; then
+    grep -E "error|FAILED" "$build/build.log" | head -40
+    echo "gpu_check.sh: build failed (log: $build/build.log); the stages of what did build still run" >&2
+    ctest_rc=1
+  fi
+  tail -1 "$build/build.log"
+
+  stage "tests/gpu (ctest -L gpu)"
+  tmo 300 ctest --test-dir "$build" -L gpu -E '^gpu_nccl_allreduce' --timeout 90 -V > "$build/ctest.log" 2>&1
+  rc=$?
+  ((rc == 0)) || ctest_rc=$rc
+  # Every case and the failures in full; passing checks only as a count.
+  grep -E "FAIL|: case |: pending |gpu_kernels on|[0-9]+ passed, [0-9]+ failed|tests passed|tests failed|Skipped|SKIPPED|Not Run|\*\*\*" \
+    "$build/ctest.log" | tail -80
+  tests_line=$(grep -oE "[0-9]+ passed, [0-9]+ failed" "$build/ctest.log" | tr '\n' ';')
+  echo "ctest exit status: $rc"
+  if [[ -n $gpu_name ]] && grep -q "SKIPPED: no CUDA device" "$build/ctest.log"; then
+    echo "gpu_check.sh: nvidia-smi sees '$gpu_name' but the tests found no CUDA device" \
+         "(driver older than the CUDA $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') runtime?)" >&2
+    ctest_rc=1
+  fi
+fi
+gpu_bench=$build/perf/gpu/gpu_bench
+
+# Where the trainer comes from: this build (MPI, HDF5, Boost and Kokkos found here), else the
+# archive of perf/gpu_bundle.sh (the full CUDA build made on a Debian machine, with its libraries
+# and its own Open MPI), else nowhere: the trainer stages are then skipped, and say so.
+# with_env runs a command in the bundle's environment; empty for this build's own trainer.
+mptrain=
+with_env=()
+if [[ -x $build/mptrain ]]; then
+  trainer_source=build
+  mptrain=$build/mptrain
+elif [[ -f $bundle_archive ]]; then
+  stage "unpack $bundle_archive (the trainer prebuilt by perf/gpu_bundle.sh)"
+  rm -rf "$build/bundle"
+  mkdir -p "$build/bundle"
+  # Python's tarfile where the machine has no xz program for tar.
+  if tmo 120 tar -C "$build/bundle" -xJf "$bundle_archive" 2> "$build/unpack.log" ||
+     tmo 120 "$python" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+       "$bundle_archive" "$build/bundle" 2>> "$build/unpack.log"; then
+    bundle=$(cd "$build/bundle/mptrain-bundle" && pwd)
+    cat "$bundle/MANIFEST"
+    # The CUDA runtime, cuBLASLt, cuDNN and NCCL that this machine's configure found (cuDNN and
+    # NCCL possibly pip's), both where the cache points and where its links lead.
+    cuda_dirs=$(sed -n -E 's/^(CUDA_cudart_LIBRARY|CUDA_cublasLt_LIBRARY|CUDNN_LIBRARY|NCCL_LIBRARY):FILEPATH=//p' \
+      "$build/CMakeCache.txt" | while read -r library; do
+        dirname "$library"
+        dirname "$(readlink -f "$library")"
+      done | awk '!seen[$0]++' | paste -sd: -)
+    cat > "$build/bundle-env" <<ENV
+#!/usr/bin/env bash
+source "$bundle/env.sh"
+export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH${cuda_dirs:+:$cuda_dirs}
+exec "\$@"
+ENV
+    chmod +x "$build/bundle-env"
+    with_env=("$(cd "$build" && pwd)/bundle-env")
+    mptrain=$bundle/bin/mptrain
+    # The bundled mptrain starts, and the bundled mpiexec launches a rank: each bounded, since an
+    # Open MPI that hangs here would otherwise wait out every trainer stage's timeout below.
+    if ! tmo 30 "${with_env[@]}" "$mptrain" --help > /dev/null 2> "$build/bundle-start.log"; then
+      echo "gpu_check.sh: the bundled mptrain does not start here: $(grep -m2 . "$build/bundle-start.log")" >&2
+    elif ! tmo 30 "${with_env[@]}" mpiexec -n 2 --oversubscribe true >> "$build/bundle-start.log" 2>&1; then
+      echo "gpu_check.sh: the bundled mpiexec cannot launch 2 ranks here: $(tail -2 "$build/bundle-start.log")" >&2
+    else
+      trainer_source=bundle
+    fi
+  else
+    echo "gpu_check.sh: could not unpack $bundle_archive: $(tail -1 "$build/unpack.log")" >&2
+  fi
+fi
+trainer_looked=1
+echo "trainer: $trainer_source${mptrain:+ ($mptrain)}"
+
+# The prefetcher's device delivery test from the bundle (this build, when it has the trainer,
+# ran it in ctest above).
+if [[ $trainer_source == bundle ]]; then
+  stage "gpu_prefetcher (bundled, mpiexec -n 1)"
+  tmo 120 "${with_env[@]}" mpiexec -n 1 "$bundle/bin/gpu_prefetcher" > "$build/prefetcher.log" 2>&1
+  prefetcher_rc=$?
+  grep -E "FAIL|: case |SKIPPED|[0-9]+ passed, [0-9]+ failed" "$build/prefetcher.log" | tail -20
+  [[ $prefetcher_rc -eq 0 || $prefetcher_rc -eq 77 ]] || ctest_rc=1
+  prefetcher_line=$(grep -m1 -oE "[0-9]+ passed, [0-9]+ failed|SKIPPED" "$build/prefetcher.log")
+  tests_line+="gpu_prefetcher (bundled): ${prefetcher_line:-no result, exit $prefetcher_rc};"
+fi
+
+# logged LOG SECONDS COMMAND...: COMMAND under tmo, its output and errors appended to LOG and
+# shown, then a line with its exit status when it failed (124: timed out; 125: not started).
+logged() {
+  local log=$1 seconds=$2 rc
+  shift 2
+  tmo "$seconds" "$@" 2>&1 | tee -a "$log"
+  rc=${PIPESTATUS[0]}
+  ((rc == 0 || rc == 125)) || echo "${*:1:6}: exit $rc$( ((rc == 124)) && echo ' (timed out)')" | tee -a "$log"
+  return "$rc"
+}
+# bench LOG SECONDS ARGS...: one gpu_bench run, logged; "not built" where the build made none.
+bench() {
+  local log=$1 seconds=$2
+  shift 2
+  if [[ ! -x $gpu_bench ]]; then
+    echo "gpu_bench $*: not built (see build.log)" | tee -a "$log"
+    return 1
+  fi
+  logged "$log" "$seconds" "$gpu_bench" "$@"
+}
+
+stage "gpu_bench (steps $steps, batch $batch; then --graphs)"
+bench "$build/gpu_bench.log" 240 --steps "$steps" --batch "$batch"
+# The cnn as nn::Model (no kernel-level step, no GEMMs); its own runs, so that a failure of the
+# conv, pooling or BN device paths leaves the mlp figures above intact: convolutions through
+# cuDNN (the default), then through the im2col + cuBLASLt path, each with its own timeout.
+for conv in cudnn im2col; do
+  bench "$build/gpu_bench.log" 150 --model cnn --conv "$conv" --no-gemm --steps "$steps" \
+    --batch "$batch"
+done
+# The same nn::Model steps captured as one CUDA graph each and replayed (gpu_bench --graphs,
+# kernels::StepGraph): the mlp in every precision, the cnn (cuDNN convolutions) in fp16 and fp32.
+# Their own log and short timeouts: a capture that fails leaves the eager figures above intact.
+bench "$build/gpu_bench_graphs.log" 45 --model mlp --graphs --no-gemm --steps "$steps" \
+  --batch "$batch"
+for precision in fp16 fp32; do
+  bench "$build/gpu_bench_graphs.log" 45 --model cnn --conv cudnn --graphs --no-gemm \
+    --precision "$precision" --steps "$steps" --batch "$batch"
+done
+
+stage "PyTorch peers (perf/pytorch_gpu.py and torch.matmul)"
+for model in mlp cnn; do
+  for precision in fp32 fp16 bf16; do
+    logged "$build/pytorch.log" 120 "$python" perf/pytorch_gpu.py --model "$model" --batch "$batch" \
+      --steps "$steps" --precision "$precision"
+  done
+done
+logged "$build/pytorch.log" 120 "$python" - <<'PY'
+import torch
+# fp32 as mptrain's fp32 (CUBLAS_COMPUTE_32F): no TF32 tensor cores.
+torch.backends.cuda.matmul.allow_tf32 = False
+if torch.cuda.is_available():
+    for size in (1024, 4096, 8192):
+        for name, dtype in (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
+            a = torch.rand(size, size, device="cuda", dtype=dtype)
+            b = torch.rand(size, size, device="cuda", dtype=dtype)
+            calls = 200 if size <= 1024 else 40 if size <= 4096 else 10
+            for _ in range(3):
+                a @ b
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                a @ b
+            stop.record()
+            torch.cuda.synchronize()
+            seconds = start.elapsed_time(stop) / 1e3
+            print(f"torch-gemm precision={name} m=n=k={size} tflops={2 * size**3 * calls / seconds / 1e12:.1f}")
+PY
+
+# The trainer itself (--device), where this build or the bundle has mptrain: a synthetic set made
+# here (no Fashion-MNIST on a bare machine); first the data-wait runs (an issue #8 target), then
+# mlp, cnn and resnet-mini on cpu and on cuda, one rank, then two ranks sharing the GPU.
+# Each run has its own timeout and only reports: a failure here fails nothing else.
+if [[ $trainer_source != none ]]; then
+  stage "trainer, data waits (mptrain train --device=cuda, mlp and cnn, 120 steps of 256, prefetch on and off)"
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  data=$build/trainer-data
+  tmo 60 "${with_env[@]}" "$mptrain" prepare synthetic --out "$data" --train-samples 10240 \
+    --test-samples 2048 --seed 7 > "$build/trainer-prepare.log" 2>&1 || tail -3 "$build/trainer-prepare.log"
+  # Is the GPU ever idle waiting for data (issue #8)? The mlp (the least compute per sample, so
+  # the hardest to feed) and the cnn on cuda for 120 steps (3 epochs, a window every 20 steps),
+  # with prefetch on (8 batches ahead, 4 I/O threads), then off (--data.prefetch=0, each batch
+  # read when the step wants it) for contrast: each run's data_wait_fraction over the run, and
+  # the largest over the windows after the first (which holds the pipeline's fill). The uint8
+  # samples travel as stored and the GPU normalises them (--data.normalize=auto on cuda); the
+  # mlp also runs with the I/O threads converting to f32 (reader: 4x the bytes over the bus).
+  for variant in mlp:8:auto mlp:8:reader mlp:0:auto cnn:8:auto cnn:0:auto; do
+    IFS=: read -r model prefetch normalize <<< "$variant"
+    run=$build/trainer-$model-cuda-prefetch$prefetch-$normalize
+    threads=1
+    (( prefetch > 0 )) && threads=4  # an I/O thread fills one read-ahead batch at a time
+    rc=0
+    tmo 60 "${with_env[@]}" mpiexec -n 1 "$mptrain" train --data.train="$data/train.h5" \
+      --data.test="$data/test.h5" --model.name="$model" --train.max-steps=120 \
+      --train.batch-size=256 --train.log-every=20 --device=cuda --data.prefetch="$prefetch" \
+      --data.io-threads=$threads --data.normalize="$normalize" --output.dir="$run" \
+      --output.overwrite --output.progress=lines > "$run.log" 2>&1 || rc=$?
+    label="trainer model=$model device=cuda prefetch=$prefetch io_threads=$threads normalize=$normalize"
+    if [[ $rc -eq 0 && -f $run/summary.json && -f $run/metrics.jsonl ]]; then
+      steady=$("$python" -c 'import json, sys
+fractions = [r["data_wait_fraction"] for r in map(json.loads, open(sys.argv[1])) if "data_wait_fraction" in r]
+print(f"{max(fractions[1:]):.4f}" if len(fractions) > 1 else "-1")' "$run/metrics.jsonl")
+      run_line "$label" "$run/summary.json" samples_per_s data_wait_fraction 2>&1 \
+        | sed "s/\$/ steady_window_max_data_wait_fraction=$steady/" | tee -a "$build/trainer.log"
+    else
+      echo "$label failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" | tee -a "$build/trainer.log"
+    fi
+  done
+  # 40 steps of batch 256 are one epoch, so each run ends with its test evaluation.
+  stage "trainer --device=cpu|cuda (mlp and cnn 40 steps = 1 epoch, resnet-mini 20 x 2, batch 256, one rank)"
+  # resnet-mini: gradient accumulation and sync-BN on the device (20 steps of 2 micro-batches).
+  # The mlp also as cuda+graphs: --cuda.graphs replays each step as one captured CUDA graph
+  # (the mlp has no dropout; accumulate is 1), beside the eager cuda run.
+  for model in mlp cnn resnet-mini; do
+    extra=()
+    train_steps=40
+    if [[ $model == resnet-mini ]]; then
+      extra=(--train.accumulate=2 --model.sync-bn=true)
+      train_steps=20
+    fi
+    devices=(cpu cuda)
+    [[ $model == mlp ]] && devices+=(cuda+graphs)
+    for device in "${devices[@]}"; do
+      run=$build/trainer-$model-$device
+      graph_flag=()
+      [[ $device == cuda+graphs ]] && graph_flag=(--cuda.graphs)
+      rc=0
+      tmo 45 "${with_env[@]}" mpiexec -n 1 "$mptrain" train --data.train="$data/train.h5" \
+        --data.test="$data/test.h5" --model.name="$model" --train.max-steps=$train_steps \
+        --train.batch-size=256 --device="${device%+graphs}" --output.dir="$run" \
+        --output.overwrite --output.progress=lines "${extra[@]}" "${graph_flag[@]}" \
+        > "$run.log" 2>&1 || rc=$?
+      grep -E "^device:" "$run.log" | head -1
+      if [[ $rc -eq 0 && -f $run/summary.json ]]; then
+        run_line "trainer model=$model device=$device" "$run/summary.json" samples_per_s \
+          final_train_loss test_accuracy tensor_peak_mb device_reserved_mb \
+          step_allocations=step_tensor_allocations step_cudamalloc=step_device_slabs \
+          data_wait_fraction gradient_path 2>&1 | tee -a "$build/trainer.log"
+      else
+        echo "trainer model=$model device=$device failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
+          | tee -a "$build/trainer.log"
+      fi
+    done
+    # Same seed, data and fp32 on both devices: the losses should agree to a few digits (the
+    # device sums in another order), and a gap says the cuda path is wrong, not slow.
+    awk -v m="$model" '$2 == "model=" m && $5 ~ /^final_train_loss=/ {
+        split($3, d, "="); split($5, l, "="); loss[d[2]] = l[2]
+      } END {
+        if (("cpu" in loss) && ("cuda" in loss) && loss["cpu"] != 0)
+          printf "trainer model=%s cuda/cpu final_train_loss ratio=%.4f\n", m, loss["cuda"] / loss["cpu"]
+        # The graph replays the eager step kernel for kernel: the same loss up to the order of
+        # the loss sum.
+        if (("cuda" in loss) && ("cuda+graphs" in loss))
+          printf "trainer model=%s final_train_loss cuda=%s cuda+graphs=%s\n", m, loss["cuda"], loss["cuda+graphs"]
+      }' "$build/trainer.log" | tee -a "$build/trainer.log"
+  done
+  stage "trainer, two ranks on the one GPU (staged all-reduce) and on the cpu"
+  # Two ranks on the one GPU: NCCL refuses that, so the all-reduce stays on the host backends and
+  # stages the device gradients bucket by bucket through pinned memory (kernels/staging.hpp),
+  # overlapping backward (1 MiB buckets: several for the mlp). Beside the same two ranks on the
+  # cpu: the same data and seed, so the final losses should agree to a few digits.
+  for device in cpu cuda; do
+    run=$build/trainer-mlp-np2-$device
+    rc=0
+    tmo 60 "${with_env[@]}" mpiexec -n 2 --oversubscribe "$mptrain" train --data.train="$data/train.h5" \
+      --data.test="$data/test.h5" --model.name=mlp --train.max-steps=40 --train.batch-size=128 \
+      --device="$device" --comm.bucket-mb=1 --comm.overlap=on --output.dir="$run" \
+      --output.overwrite --output.progress=lines > "$run.log" 2>&1 || rc=$?
+    grep -m1 -E "^allreduce" "$run.log" | sed "s/^/$device-np2: /" | tee -a "$build/trainer.log"
+    if [[ $rc -eq 0 && -f $run/summary.json ]]; then
+      run_line "trainer model=mlp device=$device-np2" "$run/summary.json" samples_per_s \
+        final_train_loss test_accuracy comm_time_s exposed_comm_time_s gradient_path overlap \
+        2>&1 | tee -a "$build/trainer.log"
+    else
+      echo "trainer model=mlp device=$device-np2 failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
+        | tee -a "$build/trainer.log"
+    fi
+  done
+fi
+
+# The nccl all-reduce (issue #8), where this build or the bundle has NCCL and MPI: its GPU test
+# (np 1; np 2 reports SKIPPED on a one-GPU machine, NCCL refusing two ranks on one device) and,
+# where there is a trainer, one rank training the mlp with --comm.intra=nccl (the device
+# gradients reduced in place, no host staging; 1 MiB buckets queued on the comm stream as
+# backward launches them, one wait per step) beside the staged cuda run above. Own timeouts; a
+# failure is reported and fails nothing else.
+# With a bundle, its test binary under its own Open MPI (rehearsed on a bare Debian, see
+# docs/gpu.md); else this build's, where it has MPI and NCCL, under this machine's mpiexec.
+nccl_test=none
+[[ " ${targets[*]} " == *" gpu_nccl_allreduce "* ]] && nccl_test=build
+[[ $trainer_source == bundle ]] && nccl_test=bundle
+if [[ $nccl_test != none ]]; then
+  stage "nccl all-reduce (gpu_nccl_allreduce np 1 and 2, $nccl_test; mptrain train --comm.intra=nccl, one rank)"
+  if [[ $nccl_test == build ]]; then
+    tmo 150 ctest --test-dir "$build" -R '^gpu_nccl_allreduce' --timeout 70 -V > "$build/nccl-ctest.log" 2>&1
+    nccl_rc=$?
+  else
+    # As ctest runs it (tests/gpu/CMakeLists.txt); exit 77 is a skip.
+    : > "$build/nccl-ctest.log"
+    nccl_rc=0
+    for np in 1 2; do
+      tmo 70 "${with_env[@]}" mpiexec -n $np --oversubscribe "$bundle/bin/gpu_nccl_allreduce" \
+        >> "$build/nccl-ctest.log" 2>&1
+      rc=$?
+      echo "gpu_nccl_allreduce np $np (bundled): exit $rc" >> "$build/nccl-ctest.log"
+      [[ $rc -eq 0 || $rc -eq 77 ]] || nccl_rc=$rc
+    done
+  fi
+  grep -E "FAIL|SKIPPED|gpu_nccl_allreduce on|gpu_nccl_allreduce np|[0-9]+ passed, [0-9]+ failed|tests passed|tests failed" \
+    "$build/nccl-ctest.log" | tail -30
+  result=$(grep -oE '[0-9]+ passed, [0-9]+ failed' "$build/nccl-ctest.log" | head -1)
+  [[ -z $result ]] && result=$(grep -m1 -oE 'SKIPPED: .{0,160}' "$build/nccl-ctest.log")
+  echo "nccl test: ${result:-no result} (exit $nccl_rc)" | tee -a "$build/nccl.log"
+  if [[ $trainer_source == none ]]; then
+    echo "trainer model=mlp device=cuda intra=nccl: not run (GPU-only build and no bundle: no mptrain)" \
+      | tee -a "$build/nccl.log"
+  else
+    run=$build/trainer-mlp-nccl
+    rc=0
+    tmo 60 "${with_env[@]}" mpiexec -n 1 "$mptrain" train --data.train="$data/train.h5" \
+      --data.test="$data/test.h5" --model.name=mlp --train.max-steps=40 --train.batch-size=256 \
+      --device=cuda --comm.intra=nccl --comm.bucket-mb=1 --comm.overlap=on \
+      --output.dir="$run" --output.overwrite --output.progress=lines > "$run.log" 2>&1 || rc=$?
+    grep -E "^allreduce" "$run.log" | head -1 | tee -a "$build/nccl.log"
+    if [[ $rc -eq 0 && -f $run/summary.json ]]; then
+      run_line "trainer model=mlp device=cuda" "$run/summary.json" intra=allreduce_intra \
+        samples_per_s final_train_loss comm_time_s exposed_comm_time_s gradient_path overlap \
+        2>&1 | tee -a "$build/nccl.log"
+    else
+      echo "trainer model=mlp device=cuda intra=nccl failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
+        | tee -a "$build/nccl.log"
+    fi
+  fi
+fi
+
+# The mlp at a GPU-bound batch (8192: about 90 GFLOP a step), where launches no longer hide
+# what the GPU does: nn::Model against PyTorch AMP, side by side, 50 steps each. The 16-bit
+# nn::Model was 0.54-0.61x PyTorch here on 2026-11-29; its dense layers now run one GEMM per
+# operand over the whole batch on the device (Model::plan), not 16 blocks of 512 rows.
+if over_budget "the GPU-bound batch and the ncu profile"; then
+  echo "GPU-bound batch and ncu: skipped (over the --budget of ${budget} s)" | tee "$build/ncu.txt"
+else
+  stage "GPU-bound batch $big_batch: gpu_bench and PyTorch, mlp"
+  bench "$build/gpu_bench_big.log" 60 --model mlp --no-gemm --steps 50 --warmup 5 \
+    --batch "$big_batch"
+  # The same mlp behind a flatten layer, which casts the f32 input to the 16-bit precision once
+  # (as autocast does), so that the first dense layer computes in 16 bits too, not in f32.
+  bench "$build/gpu_bench_big.log" 60 --model "$mlp16_spec" --model-only --no-gemm --steps 50 \
+    --warmup 5 --batch "$big_batch"
+  for precision in fp32 fp16 bf16; do
+    logged "$build/pytorch_big.log" 60 "$python" perf/pytorch_gpu.py --model mlp --batch "$big_batch" \
+      --steps 50 --precision "$precision"
+  done
+
+  # Where the GPU-bound step's time goes, kernel by kernel: one timed nn::Model step of the mlp
+  # at batch 8192 under Nsight Compute (gpu_bench's timed loop is the profiler range), in fp16 and
+  # fp32, and with the input cast first in fp16, totalled per kernel by perf/gpu/ncu_summary.py.
+  # The 16-bit nn::Model was slower than the fp32 one here on 2026-11-29; these tables say where.
+  # Skipped where ncu is missing.
+  if command -v ncu >/dev/null && [[ -x $gpu_bench ]]; then
+    stage "ncu: one nn::Model step, mlp, batch $big_batch: fp16, fp32, fp16 with the input cast first"
+    for run in mlp:fp16 mlp:fp32 "$mlp16_spec:fp16"; do
+      model=${run%:*}
+      precision=${run##*:}
+      label=mlp
+      [[ $model != mlp ]] && label=mlp-cast-first
+      # LC_ALL=C: ncu formats values by the locale ("9,00" under a decimal comma), and the
+      # summary reads a comma as a thousands separator.
+      LC_ALL=C tmo 60 ncu --csv --print-units base --print-kernel-base function --clock-control none \
+        --profile-from-start off --metrics gpu__time_duration.sum \
+        "$gpu_bench" --model "$model" --model-only --no-gemm --steps 1 --warmup 3 \
+        --batch "$big_batch" --precision "$precision" > "$build/ncu-$label-$precision.log" 2>&1
+      "$python" perf/gpu/ncu_summary.py "$build/ncu-$label-$precision.log" \
+        --label "ncu: $label nn::Model, $precision, batch $big_batch" 2>&1 | tee -a "$build/ncu.txt"
+      echo | tee -a "$build/ncu.txt"
+    done
+  else
+    echo "ncu: not on PATH (or no gpu_bench built), no kernel profile" | tee "$build/ncu.txt"
+  fi
+fi
+
+
+completed=1
 exit $(( ctest_rc != 0 ))

@@ -5,8 +5,10 @@ The models match mptrain's layer for layer (src/nn/model.cpp):
   mlp: 784-1024-1024-10 with ReLU;
   cnn: conv5x5(32, pad 2)-relu-maxpool2-conv5x5(64, pad 2)-relu-maxpool2-dense512-relu-dense10.
 Data are synthetic, already on the device (so this measures the training step, not a loader),
-the optimizer is SGD with momentum, the loss mean cross-entropy. Precision fp32 runs PyTorch's
-defaults; fp16 is autocast + GradScaler, bf16 autocast alone (PyTorch's documented AMP recipes).
+the optimizer is SGD with momentum, the loss mean cross-entropy. Precision fp32 is true fp32, as
+mptrain's is (CUBLAS_COMPUTE_32F, CUDNN_FMA_MATH): TF32 is turned off for matmul and for cuDNN,
+whose default would otherwise run fp32 convolutions on tensor cores; fp16 is autocast +
+GradScaler, bf16 autocast alone (PyTorch's documented AMP recipes).
 Prints one line per run, easy to grep:
   pytorch model=mlp precision=fp16 batch=256 steps=200 samples_per_s=123456.7
 """
@@ -49,6 +51,8 @@ def main():
     if not torch.cuda.is_available():
         print("pytorch_gpu: SKIPPED: no CUDA device", file=sys.stderr)
         return 0
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(args.seed)
     device = torch.device("cuda")
     classes = 10

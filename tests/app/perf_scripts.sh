@@ -35,6 +35,8 @@ expect_refused "--budget takes whole seconds, not '-5'" --budget -5
 expect_refused "--steps takes a positive whole number, not '0'" --steps 0
 expect_refused "--batch takes a positive whole number, not '2k'" --batch 2k
 expect_refused "--jobs takes a positive whole number, not 'all'" --jobs all
+expect_refused "--deadline takes whole seconds, not '0'" --deadline 0
+expect_refused "--deadline takes whole seconds, not '8m'" --deadline 8m
 expect_refused "unknown option --step" --step 10
 expect_refused "--bundle .*/missing.tar.xz: no such file; hint: make it with perf/gpu_bundle.sh" \
   --bundle missing.tar.xz
@@ -49,5 +51,51 @@ rc=0
 (cd "$TMP" && timeout 10 bash "$REPO/perf/gpu_check.sh" --help) >"$TMP/stdout" 2>&1 || rc=$?
 [[ $rc -eq 0 ]] && grep -q -- "--budget S" "$TMP/stdout" && pass "gpu_check.sh --help" ||
   { fail "gpu_check.sh --help: rc=$rc"; cat "$TMP/stdout" >&2; }
+
+# --- 3. a gpu_check.sh run cut short still returns its summary ---------------------------------
+# The device tool kills a command at its limit, with no trap run, and returns only $OUT. Here (no
+# GPU) the check configures the full build, which takes longer than the few seconds these runs
+# allow it: a tight --deadline must stop the configure and skip every later command, and a kill
+# -9 must leave the summary of the stage that was running in $OUT.
+# summary_says CASE PATTERN: $OUT of CASE holds gpu_check.txt matching PATTERN and the logs.
+summary_says() {
+  local out="$TMP/$1-out"
+  if grep -Eq -- "$2" "$out/gpu_check.txt" 2>/dev/null && tar -tzf "$out/gpu_check_logs.tar.gz" >/dev/null 2>&1; then
+    pass "gpu_check.sh $1: \$OUT/gpu_check.txt: $(grep -Em1 -- "$2" "$out/gpu_check.txt")"
+  else
+    fail "gpu_check.sh $1: \$OUT lacks a summary matching '$2' or the logs' archive"
+    ls -la "$out" >&2 || true
+    cat "$out/gpu_check.txt" >&2 || true
+  fi
+}
+mkdir -p "$TMP/deadline-out" "$TMP/killed-out"
+rc=0
+begin=$SECONDS
+(cd "$TMP" && OUT="$TMP/deadline-out" timeout 60 bash "$REPO/perf/gpu_check.sh" --deadline 20 \
+  --build-dir "$TMP/deadline-build") >"$TMP/deadline.log" 2>&1 || rc=$?
+took=$((SECONDS - begin))
+if [[ $rc -eq 1 && $took -le 25 ]] && grep -q "configure failed (exit 125" "$TMP/deadline.log"; then
+  pass "gpu_check.sh --deadline 20: exit 1 after $took s, the configure not started"
+else
+  fail "gpu_check.sh --deadline 20: exit $rc after $took s (want 1 within 25 s, the configure not started)"
+  tail -20 "$TMP/deadline.log" >&2
+fi
+summary_says deadline "^check: ended, but [0-9]+ commands were not started before the --deadline of 20 s"
+tar -tzf "$TMP/deadline-out/gpu_check_logs.tar.gz" 2>/dev/null | grep -q "deadline.log" &&
+  pass "gpu_check.sh --deadline 20: deadline.log in the logs' archive" ||
+  fail "gpu_check.sh --deadline 20: no deadline.log in the logs' archive"
+
+# Killed (SIGKILL to its whole process group, as the device tool does) during the configure. The
+# new session's leader writes its pid, the group's id, whether or not setsid had to fork.
+(cd "$TMP" && OUT="$TMP/killed-out" setsid bash -c 'echo $$ > killed.pid; exec bash "$0" --build-dir "$1"' \
+  "$REPO/perf/gpu_check.sh" "$TMP/killed-build") >"$TMP/killed.log" 2>&1 &
+for _ in $(seq 100); do
+  grep -q "^== .*configure" "$TMP/killed.log" 2>/dev/null && break
+  sleep 0.1
+done
+sleep 1
+kill -KILL -- "-$(cat "$TMP/killed.pid")" 2>/dev/null || fail "gpu_check.sh: no process group to kill (setsid)"
+wait 2>/dev/null || true
+summary_says killed "^check: PARTIAL, written as the stage 'configure"
 
 finish
