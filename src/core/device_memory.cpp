@@ -12,6 +12,12 @@
 
 #ifdef MPTRAIN_HAVE_CUDA
 #include <cuda_runtime_api.h>
+// The streams are ordered through the legacy default stream (ComputeMark, Readback, copy(), the
+// allocation's memset): nvcc's --default-stream per-thread would turn each of those into a stream
+// that the blocking compute stream does not wait for, silently.
+#ifdef CUDA_API_PER_THREAD_DEFAULT_STREAM
+#error "mptrain needs the legacy default stream: build without --default-stream per-thread"
+#endif
 #endif
 
 namespace mpt::device_memory {
@@ -160,7 +166,7 @@ void ComputeMark::record() {
   }
   // On the legacy default stream: it comes after every kernel queued before on the blocking
   // compute stream, and before every later one (kernels/cuda/common.cuh).
-  MPT_CHECK_CUDA_RT(cudaEventRecord(static_cast<cudaEvent_t>(event_), nullptr));
+  MPT_CHECK_CUDA_RT(cudaEventRecord(static_cast<cudaEvent_t>(event_), cudaStreamLegacy));
 }
 
 CopyQueue::CopyQueue() {
@@ -193,8 +199,21 @@ void CopyQueue::finish() {
   MPT_CHECK_CUDA_RT(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
 }
 
-Readback::Readback(std::size_t bytes) : bytes_(bytes), host_(std::malloc(std::max<std::size_t>(bytes, 1))) {
+Readback::Readback(std::size_t bytes, Device source)
+    : bytes_(bytes), host_(std::malloc(std::max<std::size_t>(bytes, 1))) {
   if (!host_) abort_job("Readback: out of host memory");
+  if (source == Device::cuda) make_pinned();
+}
+
+void Readback::make_pinned() {
+  void* pinned = nullptr;
+  MPT_CHECK_CUDA_RT(cudaHostAlloc(&pinned, std::max<std::size_t>(bytes_, 1), cudaHostAllocPortable));
+  std::free(host_);
+  host_ = pinned;
+  pinned_ = true;
+  cudaEvent_t event = nullptr;
+  MPT_CHECK_CUDA_RT(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  event_ = event;
 }
 
 Readback::~Readback() {
@@ -210,20 +229,12 @@ void Readback::start(const void* src, Device src_device) {
     std::memcpy(host_, src, bytes_);
     return;
   }
-  if (!pinned_) {
-    void* pinned = nullptr;
-    MPT_CHECK_CUDA_RT(cudaHostAlloc(&pinned, std::max<std::size_t>(bytes_, 1), cudaHostAllocPortable));
-    std::free(host_);
-    host_ = pinned;
-    pinned_ = true;
-    cudaEvent_t event = nullptr;
-    MPT_CHECK_CUDA_RT(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    event_ = event;
-  }
+  // Made at construction for a cuda source; here only for one that was not declared so.
+  if (!pinned_) make_pinned();
   // On the legacy default stream: it comes after every kernel queued before on the blocking
   // compute stream, and before every later one (kernels/cuda/common.cuh).
-  MPT_CHECK_CUDA_RT(cudaMemcpyAsync(host_, src, bytes_, cudaMemcpyDeviceToHost, nullptr));
-  MPT_CHECK_CUDA_RT(cudaEventRecord(static_cast<cudaEvent_t>(event_), nullptr));
+  MPT_CHECK_CUDA_RT(cudaMemcpyAsync(host_, src, bytes_, cudaMemcpyDeviceToHost, cudaStreamLegacy));
+  MPT_CHECK_CUDA_RT(cudaEventRecord(static_cast<cudaEvent_t>(event_), cudaStreamLegacy));
 }
 
 const void* Readback::wait() {
@@ -265,7 +276,8 @@ CopyQueue::~CopyQueue() = default;
 void CopyQueue::wait(const ComputeMark&) {}
 void CopyQueue::to_device(void*, const void*, std::size_t) {}
 void CopyQueue::finish() {}
-Readback::Readback(std::size_t bytes) : bytes_(bytes), host_(std::malloc(std::max<std::size_t>(bytes, 1))) {
+Readback::Readback(std::size_t bytes, Device)
+    : bytes_(bytes), host_(std::malloc(std::max<std::size_t>(bytes, 1))) {
   if (!host_) abort_job("Readback: out of host memory");
 }
 Readback::~Readback() { std::free(host_); }

@@ -117,9 +117,11 @@ class Staging {
 // queues a copy of BYTES into page-locked host memory on the compute stream, after the work
 // launched so far, and records an event after it; wait() blocks only until that copy landed.
 // From a host source, start() copies at once. A cuda source aborts in a build without CUDA.
+// SOURCE cuda takes the page-locked buffer and the event now (cudaHostAlloc waits for the whole
+// device), so that no step pays for them; otherwise the first cuda start() does.
 class Readback {
  public:
-  explicit Readback(std::size_t bytes);
+  explicit Readback(std::size_t bytes, Device source = Device::cpu);
   ~Readback();
   Readback(const Readback&) = delete;
   Readback& operator=(const Readback&) = delete;
@@ -130,8 +132,9 @@ class Readback {
  private:
   std::size_t bytes_;
   Device from_ = Device::cpu;
-  void* host_ = nullptr;   // BYTES: malloc'ed, or cudaHostAlloc'ed on the first cuda start()
+  void* host_ = nullptr;   // BYTES: malloc'ed, or cudaHostAlloc'ed for a cuda source
   bool pinned_ = false;
+  void make_pinned();
   void* event_ = nullptr;  // cudaEvent_t
 };
 

@@ -13,7 +13,8 @@ StepReports::StepReports(const Tensor& state, int lag)
     : state_(state), lag_(lag), steps_(static_cast<std::size_t>(lag) + 1, 0) {
   if (lag < 0) abort_job("StepReports: the lag must be >= 0");
   for (int i = 0; i <= lag; ++i)
-    slots_.push_back(std::make_unique<device_memory::Readback>(sizeof(kernels::StepState)));
+    slots_.push_back(
+        std::make_unique<device_memory::Readback>(sizeof(kernels::StepState), state.device()));
 }
 
 void StepReports::record(std::int64_t step) {
