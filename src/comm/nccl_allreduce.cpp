@@ -183,6 +183,9 @@ NcclBackend::NcclBackend(const Topology& topology, const AllreduceConfig& config
     const std::lock_guard<std::mutex> lock(live_mutex);
     live_communicators().push_back(comm_);
   }
+  // Any fatal failure of this rank (a kernel's check, a capture, abort_job), not only this
+  // file's checks, aborts the communicators before MPI_Abort ends the job.
+  set_abort_hook(&abort_live_communicators);
   // Non-blocking: no implicit order with the legacy default stream either way; allreduce()
   // orders itself after the compute stream with an event, and the host waits for its end.
   MPT_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

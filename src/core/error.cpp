@@ -11,6 +11,7 @@
 #include <mpi.h>
 #endif
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
@@ -28,9 +29,13 @@ std::string read_host_name() {
   return buffer;
 }
 
+std::atomic<void (*)()> g_abort_hook{nullptr};
+
 // Stops every rank. MPI_Abort is used whenever MPI is up, because a rank that merely exits
 // would leave its peers blocked in the next collective.
 [[noreturn]] void abort_all(int code) {
+  // Taken, not read: a hook whose own failure ends the job again does not run twice.
+  if (void (*hook)() = g_abort_hook.exchange(nullptr)) hook();
   std::fflush(stdout);
   std::fflush(stderr);
 #ifdef MPTRAIN_FUZZING
@@ -48,6 +53,8 @@ std::string read_host_name() {
 }
 
 }  // namespace
+
+void set_abort_hook(void (*hook)()) { g_abort_hook.store(hook); }
 
 void set_process_identity(int rank, int world_size) {
   g_rank = rank;

@@ -49,6 +49,12 @@ std::string failure_context_suffix();
 // Aborts the job (all ranks) with a one-line message; for internal invariants broken at run time.
 [[noreturn]] void abort_job(const std::string& message);
 
+// HOOK runs first, once, in whichever thread ends the job through a fatal failure (abort_job,
+// check_failed): the nccl backend aborts its communicators there, so that no NCCL kernel of
+// this rank spins on a peer while the job goes down, whatever check failed. One hook; the last
+// set wins; nullptr clears it.
+void set_abort_hook(void (*hook)());
+
 // While one lives, the fatal failures of this thread (check_failed, abort_job) end with
 // "(while WHAT)": what the thread was doing where the call that failed may not be the culprit,
 // such as capturing a CUDA graph. Nested contexts restore the outer one.

@@ -1,5 +1,6 @@
-// core/error.hpp's FailureContext (what a fatal line adds about what the thread was doing) and
-// device_memory's scratch generation (what kernels::StepGraph checks before a replay).
+// core/error.hpp's FailureContext (what a fatal line adds about what the thread was doing),
+// its abort hook, and device_memory's scratch generation (what kernels::StepGraph checks
+// before a replay).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -65,6 +66,47 @@ TEST(FailureContextDeathTest, NoContextNoSuffix) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(abort_job("plain invariant"), ::testing::ExitedWithCode(3),
               "\\] plain invariant\n");
+}
+
+// The abort hook (the nccl backend's communicator abort) runs before the fatal line's job ends,
+// for abort_job and for a failed check alike, and once only, even if it fails itself.
+void abort_hook_says_so() { std::fprintf(stderr, "abort hook ran\n"); }
+void abort_hook_that_fails() {
+  std::fprintf(stderr, "failing hook ran\n");
+  abort_job("the hook's own failure");
+}
+
+TEST(AbortHookDeathTest, RunsBeforeAbortJobEnds) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        set_abort_hook(&abort_hook_says_so);
+        abort_job("an invariant");
+      },
+      ::testing::ExitedWithCode(3), "\\] an invariant\n(.|\n)*abort hook ran\n");
+}
+
+TEST(AbortHookDeathTest, RunsBeforeAFailedCheckEnds) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        set_abort_hook(&abort_hook_says_so);
+        const int bad_count = MPI_ERR_COUNT;
+        MPT_CHECK_MPI(bad_count);
+      },
+      ::testing::ExitedWithCode(3), "MPI call `bad_count` failed(.|\n)*abort hook ran\n");
+}
+
+TEST(AbortHookDeathTest, AFailingHookRunsOnce) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        set_abort_hook(&abort_hook_that_fails);
+        abort_job("first");
+      },
+      ::testing::ExitedWithCode(3),
+      // Run twice, the hook would recurse until the stack overflows: no exit code 3.
+      "\\] first\nfailing hook ran\nmptrain: fatal: [^\n]*the hook's own failure\n");
 }
 
 TEST(ScratchGeneration, CountsEachReplacement) {
