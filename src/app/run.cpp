@@ -12,6 +12,7 @@
 #include "app/cli.hpp"
 #include "app/threads.hpp"
 #include "ckpt/ckpt.hpp"
+#include "core/build_info.hpp"
 #include "core/error.hpp"
 #include "core/hdf5.hpp"
 #include "data/data.hpp"
@@ -92,7 +93,7 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
     return command.empty() ? 2 : 0;
   }
   if (command == "--version") {
-    if (world.rank() == 0) std::printf("mptrain %s (%s)\n", MPTRAIN_VERSION, MPTRAIN_GIT_HASH);
+    if (world.rank() == 0) std::printf("mptrain %s (%s)\n", MPTRAIN_VERSION, git_hash());
     return 0;
   }
 

@@ -25,6 +25,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/build_info.hpp"
 #include "core/crc32c.hpp"
 #include "core/error.hpp"
 #include "core/hdf5.hpp"
@@ -408,7 +409,7 @@ void write_meta(hid_t root, const CheckpointMeta& meta) {
       root, "mptrain_version",
       meta.mptrain_version.empty() ? std::string(MPTRAIN_VERSION) : meta.mptrain_version);
   hdf5_write_attribute(root, "git_hash",
-                       meta.git_hash.empty() ? std::string(MPTRAIN_GIT_HASH) : meta.git_hash);
+                       meta.git_hash.empty() ? std::string(git_hash()) : meta.git_hash);
   // Unknown normalisation is simply not written; readers then see it as absent.
   if (!std::isnan(meta.input_mean) && !std::isnan(meta.input_std)) {
     hdf5_write_attribute(root, "input_mean", static_cast<float>(meta.input_mean));

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "core/build_info.hpp"
 #include "core/device_memory.hpp"
 #include "core/error.hpp"
 #include "core/hdf5.hpp"
@@ -209,7 +210,7 @@ ModelFile export_checkpoint(const std::string& checkpoint, const std::string& ou
     hdf5_write_attribute(root, "source_checkpoint", file.source_checkpoint);
     hdf5_write_attribute(root, "source_step", file.source_step);
     hdf5_write_attribute(root, "mptrain_version", std::string(MPTRAIN_VERSION));
-    hdf5_write_attribute(root, "git_hash", std::string(MPTRAIN_GIT_HASH));
+    hdf5_write_attribute(root, "git_hash", std::string(git_hash()));
     write_group(root, "weights", file.weights);
     if (!file.buffers.empty()) write_group(root, "buffers", file.buffers);
   });

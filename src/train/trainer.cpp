@@ -24,6 +24,7 @@
 #include "comm/gradient_reducer.hpp"
 #include "comm/topology.hpp"
 #include "comm/watchdog.hpp"
+#include "core/build_info.hpp"
 #include "core/device_memory.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
@@ -1311,7 +1312,7 @@ TrainSummary Trainer::run() {
     meta.global_batch = global_batch;
     meta.precision = config.amp.precision;
     meta.mptrain_version = MPTRAIN_VERSION;
-    meta.git_hash = MPTRAIN_GIT_HASH;
+    meta.git_hash = git_hash();
     meta.input_mean = info.mean;  // what the reader applied to uint8 samples; export needs it
     meta.input_std = info.std;
     return meta;
@@ -1975,7 +1976,7 @@ TrainSummary Trainer::run() {
         .add("tensor_peak_mb", summary.tensor_peak_mb)
         .add("device_reserved_mb", summary.device_reserved_mb)
         .add("matmul", kernels::matmul_backend() == kernels::MatmulBackend::dnnl ? "onednn" : "blas")
-        .add("mptrain_version", MPTRAIN_VERSION).add("git_hash", MPTRAIN_GIT_HASH);
+        .add("mptrain_version", MPTRAIN_VERSION).add("git_hash", git_hash());
     // Each rank's resident set (MiB) and open descriptors over the logged windows (issue #11).
     if (!resources.rss_first.empty())
       json.add_raw("rss_mb_first", json_array(resources.rss_first, false))

@@ -13,12 +13,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <fstream>
 #include <functional>
 #include <limits>
 #include <thread>
 
 #include "ckpt/ckpt.hpp"
+#include "core/build_info.hpp"
 #include "core/error.hpp"
 #include "core/hdf5.hpp"
 #include "data/data.hpp"
@@ -88,7 +90,7 @@ TEST(Checkpoint, RoundTripAndLatest) {
     EXPECT_EQ(loaded.meta.global_batch, 256);
     EXPECT_EQ(loaded.meta.precision, "fp32");
     EXPECT_EQ(loaded.meta.mptrain_version, MPTRAIN_VERSION);  // filled in when left empty
-    EXPECT_EQ(loaded.meta.git_hash, MPTRAIN_GIT_HASH);
+    EXPECT_EQ(loaded.meta.git_hash, git_hash());
     ASSERT_EQ(loaded.weights.size(), weights.size());
     for (std::size_t i = 0; i < weights.size(); ++i) {
       EXPECT_EQ(loaded.weights[i].name, weights[i].name);  // saved order, not HDF5's name order
@@ -785,9 +787,9 @@ TEST(Checkpoint, DescribeCheckpointReportsStateAndChecksums) {
       save_checkpoint(dir.path(), meta, sample_weights(), {}, sample_state(), {});
   const auto text = describe_checkpoint(path);
   ASSERT_TRUE(text.has_value());
-  for (const char* needle :
-       {"step: 42\n", "epochs completed: 3\n", "world size: 4\n", "global batch: 256\n",
-        "precision: fp16\n",
+  for (const std::string& needle : std::initializer_list<std::string>{
+           "step: 42\n", "epochs completed: 3\n", "world size: 4\n", "global batch: 256\n",
+           "precision: fp16\n",
         "loss scale: 49152 (growth tracker 1234, hysteresis tracker 2, "
         "skipped steps 7)",
         "optimizer: adamw, 117 steps applied (LR schedule at step 234), state tensors exp_avg, "
@@ -795,7 +797,7 @@ TEST(Checkpoint, DescribeCheckpointReportsStateAndChecksums) {
         "data cursor: epoch 4, step 17 of it, 4352 samples into it (batch per rank 64, "
         "accumulate 3)",
         "rng: seed 18364758544493064720, micro step 987654321012", "format version: 2\n",
-        "written by: mptrain " MPTRAIN_VERSION ", git " MPTRAIN_GIT_HASH,
+        std::string("written by: mptrain " MPTRAIN_VERSION ", git ") + git_hash(),
         "checksums: verified (6 datasets, CRC32C)"})
     EXPECT_NE(text->find(needle), std::string::npos) << "missing '" << needle << "' in:\n" << *text;
 
