@@ -85,17 +85,28 @@ tar -tzf "$TMP/deadline-out/gpu_check_logs.tar.gz" 2>/dev/null | grep -q "deadli
   pass "gpu_check.sh --deadline 20: deadline.log in the logs' archive" ||
   fail "gpu_check.sh --deadline 20: no deadline.log in the logs' archive"
 
-# Killed (SIGKILL to its whole process group, as the device tool does) during the configure. The
-# new session's leader writes its pid, the group's id, whether or not setsid had to fork.
-(cd "$TMP" && OUT="$TMP/killed-out" setsid bash -c 'echo $$ > killed.pid; exec bash "$0" --build-dir "$1"' \
+# Killed (SIGKILL to every process of its session, as the device tool kills a command with all it
+# started) while a stage runs: a stand-in nvidia-smi that hangs holds the first stage, so that no
+# configure is under way (CMake's children outlive a kill and keep writing to the build folder).
+# The new session's leader writes its pid, the session's id, whether or not setsid had to fork.
+mkdir -p "$TMP/hung-bin"
+printf '#!/bin/sh\nexec sleep 60\n' >"$TMP/hung-bin/nvidia-smi"
+chmod +x "$TMP/hung-bin/nvidia-smi"
+(cd "$TMP" && PATH="$TMP/hung-bin:$PATH" OUT="$TMP/killed-out" \
+  setsid bash -c 'echo $$ > killed.pid; exec bash "$0" --build-dir "$1"' \
   "$REPO/perf/gpu_check.sh" "$TMP/killed-build") >"$TMP/killed.log" 2>&1 &
 for _ in $(seq 100); do
-  grep -q "^== .*configure" "$TMP/killed.log" 2>/dev/null && break
+  grep -q "^== .*GPU" "$TMP/killed.log" 2>/dev/null && break
   sleep 0.1
 done
 sleep 1
-kill -KILL -- "-$(cat "$TMP/killed.pid")" 2>/dev/null || fail "gpu_check.sh: no process group to kill (setsid)"
+session=$(cat "$TMP/killed.pid")
+pkill -KILL -s "$session" || fail "gpu_check.sh: no session $session to kill (setsid)"
+for _ in $(seq 100); do
+  pgrep -s "$session" >/dev/null || break
+  sleep 0.1
+done
 wait 2>/dev/null || true
-summary_says killed "^check: PARTIAL, written as the stage 'configure"
+summary_says killed "^check: PARTIAL, written as the stage 'GPU' began"
 
 finish
