@@ -15,13 +15,13 @@
 #include "core/error.hpp"
 #include "core/tensor.hpp"
 #include "kernels/check.hpp"
+#include "kernels/step_state.hpp"
 
 // The blocking compute stream orders itself after the legacy default stream (and the reverse):
 // nvcc's --default-stream per-thread would break that without a word.
 #ifdef CUDA_API_PER_THREAD_DEFAULT_STREAM
 #error "mptrain needs the legacy default stream: build without --default-stream per-thread"
 #endif
-#include "kernels/step_state.hpp"
 
 namespace mpt::kernels::cuda {
 
