@@ -19,7 +19,7 @@ set -uo pipefail
 usage() {
   cat <<'USAGE'
 Usage: perf/gpu_check.sh [--steps N] [--batch B] [--build-dir DIR] [--jobs J] [--bundle FILE]
-                         [--budget S] [--deadline S]
+                         [--budget S] [--deadline S] [--summary-only]
   --steps N      timed training steps per precision (default 200)
   --batch B      samples per step (default 256)
   --build-dir D  build folder (default build/gpu-check)
@@ -31,6 +31,8 @@ Usage: perf/gpu_check.sh [--steps N] [--batch B] [--build-dir DIR] [--jobs J] [-
   --deadline S   seconds the whole check must end within: every command's timeout is cut to
                  what is left of it, less 15 s for the summary, and a command with under 5 s
                  left is skipped; keep it below the device tool's timeout (default 500)
+  --summary-only only rewrite the summary table from the logs in --build-dir (for example an
+                 unpacked gpu_check_logs.tar.gz) and print it; builds and runs nothing
 USAGE
 }
 
@@ -40,6 +42,7 @@ build=build/gpu-check
 jobs=$(nproc 2>/dev/null || echo 4)
 bundle_archive=.gpu-bundle/mptrain-bundle.tar.xz
 bundle_given=0
+summary_only=0
 budget=420
 deadline=500
 # A user error: one line naming the option, exit 2, before anything is built or run.
@@ -58,6 +61,7 @@ while [[ $# -gt 0 ]]; do
         --deadline) deadline=$2 ;;
       esac
       shift 2 ;;
+    --summary-only) summary_only=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage_error "unknown option $1" ;;
   esac
@@ -73,13 +77,18 @@ done
 
 cd "$(dirname "$0")/.." || exit 1
 start=$(date +%s)
-mkdir -p "$build" || exit 1
-# What the summary reads, so that it can be written from the first stage on.
-for log in deadline configure build ctest prefetcher gpu_bench gpu_bench_graphs pytorch trainer nccl \
-  gpu_bench_big pytorch_big; do
-  : > "$build/$log.log"
-done
-: > "$build/ncu.txt"
+if ((summary_only)); then
+  [[ -d $build ]] || usage_error "--summary-only: no build folder '$build'; hint: name the folder" \
+    "that holds the check's logs with --build-dir"
+else
+  mkdir -p "$build" || exit 1
+  # What the summary reads, so that it can be written from the first stage on.
+  for log in deadline configure build ctest prefetcher gpu_bench gpu_bench_graphs pytorch trainer \
+    nccl gpu_bench_big pytorch_big; do
+    : > "$build/$log.log"
+  done
+  : > "$build/ncu.txt"
+fi
 gpu_name=
 arch=
 tests_line=
@@ -172,25 +181,41 @@ mlp16_spec=flatten,dense:1024,relu,dense:1024,relu,dense:10
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
 # ratio A B: A / B to two decimals, or n/a when either is missing or not positive.
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+# rate LOG KIND NAME PRECISION [CONV] [TAG]: samples/s on LOG's first line from KIND
+# (mptrain-model, mptrain-kernels or pytorch) for model NAME in PRECISION, with conv=CONV and
+# TAG (graphs=on) where given; nothing when there is no such line.
+rate() {
+  grep -F "$2 model=$3 precision=$4 " "$1" 2>/dev/null | grep -E "${5:+ conv=$5( |\$)}" \
+    | grep -m1 -F -- "${6:-}" | field samples_per_s
+}
 summary_body() {
-  echo "GPU check $(date -u '+%Y-%m-%d %H:%M UTC') on ${gpu_name:-unknown GPU} (CUDA arch ${arch:-unknown})"
   local not_started
+  if ((summary_only)); then
+    echo "GPU check summary of the logs in $build, rewritten $(date -u '+%Y-%m-%d %H:%M UTC')" \
+      "(--summary-only: the GPU, the tests' counts and the trainer's source are not in the logs)"
+  else
+    echo "GPU check $(date -u '+%Y-%m-%d %H:%M UTC') on ${gpu_name:-unknown GPU} (CUDA arch ${arch:-unknown})"
+  fi
   not_started=$(wc -l < "$build/deadline.log")
-  if ((completed && not_started == 0)); then
+  if ((summary_only)); then
+    :
+  elif ((completed && not_started == 0)); then
     echo "check: complete"
   elif ((completed)); then
     echo "check: ended, but $not_started commands were not started before the --deadline of $deadline s (deadline.log)"
   else
     echo "check: PARTIAL, written as the stage '$current_stage' began (the run was cut short there or later)"
   fi
-  echo "tests/gpu: ${tests_line:-no result} (ctest exit $ctest_rc)"
-  case $trainer_source in
-    build) echo "trainer: built here" ;;
-    bundle) echo "trainer: bundled ($(head -1 "$bundle/MANIFEST"))" ;;
-    *) ((trainer_looked)) &&
-         echo "trainer: none (GPU-only build, no bundle: run perf/gpu_bundle.sh on the Debian machine and carry .gpu-bundle)" ||
-         echo "trainer: not yet looked for" ;;
-  esac
+  if ! ((summary_only)); then
+    echo "tests/gpu: ${tests_line:-no result} (ctest exit $ctest_rc)"
+    case $trainer_source in
+      build) echo "trainer: built here" ;;
+      bundle) echo "trainer: bundled ($(head -1 "$bundle/MANIFEST"))" ;;
+      *) ((trainer_looked)) &&
+           echo "trainer: none (GPU-only build, no bundle: run perf/gpu_bundle.sh on the Debian machine and carry .gpu-bundle)" ||
+           echo "trainer: not yet looked for" ;;
+    esac
+  fi
   echo
   echo "| model | precision | batch | mptrain nn::Model samples/s | mptrain-kernels samples/s | PyTorch samples/s | nn::Model / PyTorch | kernels / PyTorch |"
   echo "|---|---|---|---|---|---|---|---|"
@@ -200,10 +225,9 @@ summary_body() {
     conv=${row#*:}
     [[ $conv == "$row" ]] && conv=
     for precision in fp32 fp16 bf16; do
-      model=$(grep "mptrain-model model=$name precision=$precision " "$build/gpu_bench.log" \
-        | grep -m1 -E "${conv:+ conv=$conv( |\$)}" | field samples_per_s)
-      ours=$(grep "mptrain-kernels model=$name precision=$precision " "$build/gpu_bench.log" | field samples_per_s)
-      theirs=$(grep "pytorch model=$name precision=$precision " "$build/pytorch.log" | field samples_per_s)
+      model=$(rate "$build/gpu_bench.log" mptrain-model "$name" "$precision" "$conv")
+      ours=$(rate "$build/gpu_bench.log" mptrain-kernels "$name" "$precision")
+      theirs=$(rate "$build/pytorch.log" pytorch "$name" "$precision")
       ratio_model=$(ratio "$model" "$theirs")
       ratio=$(ratio "$ours" "$theirs")
       echo "| $name${conv:+ (conv $conv)} | $precision | $batch | ${model:-n/a} | ${ours:-n/a} | ${theirs:-n/a} | $ratio_model | $ratio |"
@@ -215,11 +239,9 @@ summary_body() {
   echo "|---|---|---|---|---|---|---|---|"
   for row in mlp::fp32 mlp::fp16 mlp::bf16 cnn:cudnn:fp16 cnn:cudnn:fp32; do
     IFS=: read -r name conv precision <<< "$row"
-    graphs=$(grep "mptrain-model model=$name precision=$precision " "$build/gpu_bench_graphs.log" 2>/dev/null \
-      | grep -m1 "graphs=on" | field samples_per_s)
-    eager=$(grep "mptrain-model model=$name precision=$precision " "$build/gpu_bench.log" \
-      | grep -m1 -E "${conv:+ conv=$conv( |\$)}" | field samples_per_s)
-    theirs=$(grep "pytorch model=$name precision=$precision " "$build/pytorch.log" | field samples_per_s)
+    graphs=$(rate "$build/gpu_bench_graphs.log" mptrain-model "$name" "$precision" "" graphs=on)
+    eager=$(rate "$build/gpu_bench.log" mptrain-model "$name" "$precision" "$conv")
+    theirs=$(rate "$build/pytorch.log" pytorch "$name" "$precision")
     ratio_eager=$(ratio "$graphs" "$eager")
     ratio_torch=$(ratio "$graphs" "$theirs")
     echo "| $name (graphs)${conv:+ (conv $conv)} | $precision | $batch | ${graphs:-n/a} | ${eager:-n/a} | $ratio_eager | ${theirs:-n/a} | $ratio_torch |"
@@ -229,10 +251,10 @@ summary_body() {
   echo "| mlp, batch $big_batch | precision | mptrain nn::Model samples/s | nn::Model, input cast first (flatten,...) | mptrain-kernels samples/s | PyTorch samples/s | nn::Model / PyTorch | cast first / PyTorch | kernels / PyTorch |"
   echo "|---|---|---|---|---|---|---|---|---|"
   for precision in fp32 fp16 bf16; do
-    model=$(grep "mptrain-model model=mlp precision=$precision " "$build/gpu_bench_big.log" | field samples_per_s)
-    cast_first=$(grep "mptrain-model model=$mlp16_spec precision=$precision " "$build/gpu_bench_big.log" | field samples_per_s)
-    ours=$(grep "mptrain-kernels model=mlp precision=$precision " "$build/gpu_bench_big.log" | field samples_per_s)
-    theirs=$(grep "pytorch model=mlp precision=$precision " "$build/pytorch_big.log" | field samples_per_s)
+    model=$(rate "$build/gpu_bench_big.log" mptrain-model mlp "$precision")
+    cast_first=$(rate "$build/gpu_bench_big.log" mptrain-model "$mlp16_spec" "$precision")
+    ours=$(rate "$build/gpu_bench_big.log" mptrain-kernels mlp "$precision")
+    theirs=$(rate "$build/pytorch_big.log" pytorch mlp "$precision")
     echo "| mlp | $precision | ${model:-n/a} | ${cast_first:-n/a} | ${ours:-n/a} | ${theirs:-n/a} | $(ratio "$model" "$theirs") | $(ratio "$cast_first" "$theirs") | $(ratio "$ours" "$theirs") |"
   done
   echo
@@ -271,6 +293,12 @@ write_summary() {
   mv -f "$text.tmp" "$text"
   [[ -z ${OUT:-} ]] || { cp "$text" "$OUT/.gpu_check.txt" && mv -f "$OUT/.gpu_check.txt" "$OUT/gpu_check.txt"; }
 }
+
+if ((summary_only)); then
+  trap - EXIT
+  (summary_body) 2>/dev/null
+  exit 0
+fi
 
 stage "GPU"
 gpu_name=$(timeout 20 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)

@@ -38,6 +38,7 @@ expect_refused "--jobs takes a positive whole number, not 'all'" --jobs all
 expect_refused "--deadline takes whole seconds, not '0'" --deadline 0
 expect_refused "--deadline takes whole seconds, not '8m'" --deadline 8m
 expect_refused "unknown option --step" --step 10
+expect_refused "--summary-only: no build folder '.*/build-[0-9]+'; hint: name the folder" --summary-only
 expect_refused "--bundle .*/missing.tar.xz: no such file; hint: make it with perf/gpu_bundle.sh" \
   --bundle missing.tar.xz
 # A value-taking option last, with no value.
@@ -52,7 +53,50 @@ rc=0
 [[ $rc -eq 0 ]] && grep -q -- "--budget S" "$TMP/stdout" && pass "gpu_check.sh --help" ||
   { fail "gpu_check.sh --help: rc=$rc"; cat "$TMP/stdout" >&2; }
 
-# --- 3. a gpu_check.sh run cut short still returns its summary ---------------------------------
+# --- 3. the summary table from the logs (gpu_check.sh --summary-only) -----------------------------
+# One line of each kind that gpu_bench, perf/pytorch_gpu.py and the GEMM peer print; the rows
+# must pick the right line (the cnn's conv path, the graphs tag, the cast-first spec with its
+# commas) and divide the right pair.
+logs="$TMP/summary-logs"
+mkdir -p "$logs"
+cat >"$logs/gpu_bench.log" <<'LOG'
+mptrain-model model=mlp precision=fp16 batch=256 steps=200 samples_per_s=1097868.0
+mptrain-kernels model=mlp precision=fp16 batch=256 steps=200 samples_per_s=1326610.0
+mptrain-model model=cnn precision=fp16 batch=256 steps=200 conv=cudnn samples_per_s=90000.0
+mptrain-model model=cnn precision=fp16 batch=256 steps=200 conv=im2col samples_per_s=50000.0
+gemm precision=fp16 m=n=k=4096 tflops=785.0
+LOG
+cat >"$logs/gpu_bench_graphs.log" <<'LOG'
+mptrain-model model=cnn precision=fp16 batch=256 steps=200 conv=cudnn graphs=on samples_per_s=120000.0
+LOG
+cat >"$logs/pytorch.log" <<'LOG'
+pytorch model=mlp precision=fp16 batch=256 steps=200 samples_per_s=148571.0
+pytorch model=cnn precision=fp16 batch=256 steps=200 samples_per_s=60000.0
+torch-gemm precision=fp16 m=n=k=4096 tflops=823.0
+LOG
+cat >"$logs/gpu_bench_big.log" <<'LOG'
+mptrain-model model=mlp precision=fp16 batch=8192 steps=50 samples_per_s=1930705.0
+mptrain-model model=flatten,dense:1024,relu,dense:1024,relu,dense:10 precision=fp16 batch=8192 steps=50 samples_per_s=2500000.0
+mptrain-kernels model=mlp precision=fp16 batch=8192 steps=50 samples_per_s=5000000.0
+LOG
+echo "pytorch model=mlp precision=fp16 batch=8192 steps=50 samples_per_s=4696919.0" >"$logs/pytorch_big.log"
+rc=0
+(cd "$TMP" && timeout 20 bash "$REPO/perf/gpu_check.sh" --summary-only --build-dir "$logs") \
+  >"$TMP/summary.txt" 2>"$TMP/summary.err" || rc=$?
+[[ $rc -eq 0 ]] && pass "gpu_check.sh --summary-only: exit 0" ||
+  { fail "gpu_check.sh --summary-only: exit $rc"; cat "$TMP/summary.err" >&2; }
+for row in "| mlp | fp16 | 256 | 1097868.0 | 1326610.0 | 148571.0 | 7.39 | 8.93 |" \
+  "| cnn (conv im2col) | fp16 | 256 | 50000.0 | n/a | 60000.0 | 0.83 | n/a |" \
+  "| cnn (graphs) (conv cudnn) | fp16 | 256 | 120000.0 | 90000.0 | 1.33 | 60000.0 | 2.00 |" \
+  "| mlp | fp16 | 1930705.0 | 2500000.0 | 5000000.0 | 4696919.0 | 0.41 | 0.53 | 1.06 |" \
+  "| 4096 | fp16 | 785.0 | 823.0 | 0.95 |"; do
+  grep -qxF -- "$row" "$TMP/summary.txt" && pass "summary row $row" ||
+    { fail "summary lacks the row $row"; cat "$TMP/summary.txt" >&2; }
+done
+[[ ! -e $logs/gpu_check.txt && ! -e $logs/build.log ]] && pass "--summary-only writes nothing" ||
+  fail "--summary-only wrote into the logs' folder"
+
+# --- 4. a gpu_check.sh run cut short still returns its summary ---------------------------------
 # The device tool kills a command at its limit, with no trap run, and returns only $OUT. Here (no
 # GPU) the check configures the full build, which takes longer than the few seconds these runs
 # allow it: a tight --deadline must stop the configure and skip every later command, and a kill
