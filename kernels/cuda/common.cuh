@@ -126,9 +126,9 @@ inline const StepState* step_state_on_device(const char* op, const Tensor& state
 // Launchers that an op's file shares with step_state.cu, so that the step's variant runs the
 // very kernel of the plain op. Each validates its tensors, launches on stream() and checks.
 //
-// softmax_xent.cu: one warp per row of LOGITS, adding each row's loss into LOSS_SUM, its hit
-// into CORRECT_COUNT or CORRECT_SUM (whichever is not null), and atomicMin-ing a bad label's row
-// into FIRST_BAD_ROW. With LOSS_SCALE the gradient scale is GRAD_SCALE * float(*LOSS_SCALE),
+// softmax_xent.cu: a warp per row of LOGITS, adding the rows' loss into LOSS_SUM (through
+// block_sums_scratch, in a fixed order), their hits into CORRECT_COUNT or CORRECT_SUM
+// (whichever is not null), and atomicMin-ing a bad label's row into FIRST_BAD_ROW. With LOSS_SCALE the gradient scale is GRAD_SCALE * float(*LOSS_SCALE),
 // the product taken in f32 on the device.
 struct XentTargets {
   double* loss_sum = nullptr;
@@ -143,10 +143,34 @@ void launch_softmax_xent(const char* op, const Tensor& logits, const Tensor& lab
 // LOSS_SCALE is given; any non-finite input stores 1 into FLAG (never 0: the caller clears it).
 void launch_unscale_check(const char* op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
                           float inv_scale, const double* loss_scale, int* flag);
-// norm.cu: atomically adds the sum of squares of VALUES[0, N) in double into *TOTAL (which the
-// caller zeroes); with SKIP, nothing when *SKIP != 0 (read on the device).
+// norm.cu: adds the sum of squares of VALUES[0, N) in double into *TOTAL (which the caller
+// zeroes), in an order fixed by N and the device; with SKIP, nothing when *SKIP != 0 (read on
+// the device).
 void launch_sum_of_squares(const char* op, const float* values, std::int64_t n, double* total,
                            const std::int32_t* skip);
+// norm.cu: the deterministic two-pass sum that launch_sum_of_squares and launch_softmax_xent
+// share. A kernel of at most blocks_for's cap blocks writes one double per block into
+// block_sums_scratch(); launch_add_block_sums then adds slots [0, BLOCKS) in index order with
+// one block and adds that to *TOTAL (nothing when SKIP is given and *SKIP != 0). No atomics:
+// the same inputs give the same bits on every run.
+double* block_sums_scratch();
+void launch_add_block_sums(const char* op, const double* block_sums, int blocks, double* total,
+                           const std::int32_t* skip);
+
+// SUM over every thread of a block of kThreads threads, in a fixed order (warp shuffles, then
+// the warps' sums in warp order); valid in thread 0. Every thread of the block must call it.
+__device__ inline double block_sum(double sum) {
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+  __shared__ double warp_sums[kThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_sums[warp] = sum;
+  __syncthreads();
+  if (warp == 0) {
+    sum = lane < kThreads / 32 ? warp_sums[lane] : 0;
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+  }
+  return sum;
+}
 
 // 16-bit storage <-> f32 on the device: exact widening, round to nearest even (Inf kept, fp16
 // overflow to Inf), bit for bit what the host converters do for every number. A NaN stays a NaN

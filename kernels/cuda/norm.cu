@@ -4,27 +4,14 @@
 // gradients give the same bits on every rank and every run: a clipped step's factor depends on
 // it (an atomicAdd per block would add in whatever order the blocks finish).
 // kernels::cuda::clip_grad_norm (step_state.cu) runs the same kernels into the StepState,
-// gated by its skip verdict.
+// gated by its skip verdict. The slots and their in-order sum (block_sums_scratch,
+// launch_add_block_sums) also serve softmax_xent.cu's loss sum.
 #include "core/device_memory.hpp"
 #include "kernels/cuda/common.cuh"
 #include "kernels/norm.hpp"
 
 namespace mpt::kernels::cuda {
 namespace {
-
-// SUM of every thread of the block, in a fixed order; valid in thread 0.
-__device__ double block_sum(double sum) {
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
-  __shared__ double warp_sums[kThreads / 32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_sums[warp] = sum;
-  __syncthreads();
-  if (warp == 0) {
-    sum = lane < kThreads / 32 ? warp_sums[lane] : 0;
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
-  }
-  return sum;
-}
 
 __global__ void sum_of_squares_kernel(const float* values, std::int64_t n, double* block_sums,
                                       const std::int32_t* skip) {
@@ -51,16 +38,22 @@ __global__ void add_block_sums_kernel(const double* block_sums, int blocks, doub
   if (threadIdx.x == 0) *total += sum;
 }
 
+}  // namespace
+
 // A slot per block of the largest grid (blocks_for's cap), from the arena on first use (the
-// first eager step, before any graph capture) and never replaced.
+// first eager step, before any graph capture) and never replaced. Its users all run on
+// stream(), each writing its slots before it reads them, so they share it in stream order.
 double* block_sums_scratch() {
-  static double* const scratch = static_cast<double*>(
-      device_memory::allocate_cuda(static_cast<std::size_t>(blocks_for(std::int64_t{1} << 40)) *
-                                   sizeof(double)));
+  static double* const scratch = static_cast<double*>(device_memory::allocate_cuda(
+      static_cast<std::size_t>(blocks_for(std::int64_t{1} << 40)) * sizeof(double)));
   return scratch;
 }
 
-}  // namespace
+void launch_add_block_sums(const char* op, const double* block_sums, int blocks, double* total,
+                           const std::int32_t* skip) {
+  add_block_sums_kernel<<<1, kThreads, 0, stream()>>>(block_sums, blocks, total, skip);
+  check_launch(op);
+}
 
 void launch_sum_of_squares(const char* op, const float* values, std::int64_t n, double* total,
                            const std::int32_t* skip) {
@@ -69,8 +62,7 @@ void launch_sum_of_squares(const char* op, const float* values, std::int64_t n, 
   double* block_sums = block_sums_scratch();
   sum_of_squares_kernel<<<blocks, kThreads, 0, stream()>>>(values, n, block_sums, skip);
   check_launch(op);
-  add_block_sums_kernel<<<1, kThreads, 0, stream()>>>(block_sums, blocks, total, skip);
-  check_launch(op);
+  launch_add_block_sums(op, block_sums, blocks, total, skip);
 }
 
 double sum_of_squares(const Tensor& x) {

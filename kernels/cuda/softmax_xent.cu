@@ -1,6 +1,7 @@
 // CUDA softmax cross-entropy (see kernels/softmax_xent.hpp): one warp per row. The row maximum
 // (first maximum on ties, as torch.argmax), the exp sum in double and the gradient follow the
-// host's arithmetic; the batch sums meet in double and integer atomics. The kernel also serves
+// host's arithmetic; the loss sums meet in double in a fixed order (no atomics: the same bits on
+// every run), the hits in integer atomics. The kernel also serves
 // kernels::cuda::softmax_xent_step (step_state.cu), which sends its sums into the StepState.
 #include <limits>
 
@@ -18,22 +19,16 @@ struct Totals {
 
 constexpr int kRowsPerBlock = kThreads / 32;
 
-__global__ void xent_kernel(const float* logits, const std::int32_t* labels, float* dlogits,
-                            std::int64_t rows, std::int64_t classes, float grad_scale,
-                            XentTargets targets) {
-  // The step's loss scale is read here, on the device; __fmul_rn keeps the f32 product from
-  // being fused into the gradient's subtraction below, so it is rounded as on the host.
-  if (targets.loss_scale)
-    grad_scale = __fmul_rn(grad_scale, static_cast<float>(*targets.loss_scale));
-  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const float* x = logits + row * classes;
-  float* dx = dlogits ? dlogits + row * classes : nullptr;
-  const std::int32_t label = labels[row];
+// One row, by the 32 lanes of a warp: its gradient into DX (when not null) and, in lane 0, its
+// loss into *LOSS and its hit into *HITS. A bad label's row gets a zero gradient and goes into
+// FIRST_BAD_ROW, an ignored one only the zero gradient.
+__device__ void xent_row(const float* x, float* dx, std::int32_t label, std::int64_t row,
+                         std::int64_t classes, float grad_scale, int lane,
+                         unsigned long long* first_bad_row, double* loss,
+                         unsigned long long* hits) {
   if (label < 0 || label >= classes) {
     if (label != kIgnoreLabel && lane == 0)
-      atomicMin(targets.first_bad_row, static_cast<unsigned long long>(row));
+      atomicMin(first_bad_row, static_cast<unsigned long long>(row));
     if (dx)
       for (std::int64_t j = lane; j < classes; j += 32) dx[j] = 0.f;
     return;
@@ -81,15 +76,41 @@ __global__ void xent_kernel(const float* logits, const std::int32_t* labels, flo
     }
   }
   if (lane == 0) {
-    atomicAdd(targets.loss_sum,
-              static_cast<double>(max_logit) + log(exp_sum) - static_cast<double>(x[label]));
-    if (argmax == label) {
-      if (targets.correct_count)
-        atomicAdd(targets.correct_count, 1ull);
-      else
-        atomicAdd(targets.correct_sum, 1.0);
-    }
+    *loss += static_cast<double>(max_logit) + log(exp_sum) - static_cast<double>(x[label]);
+    if (argmax == label) ++*hits;
   }
+}
+
+// A grid-stride loop over rows, a warp per row. Each warp adds its rows' losses in row order,
+// the block adds its warps' sums in warp order into its slot of BLOCK_SUMS, and
+// launch_add_block_sums adds the slots in index order: a sum in an order fixed by the batch
+// size and the device, so the same logits give the same loss bits on every run (an atomicAdd
+// per row would add in whatever order the warps finish). Hits are integers: one atomic add
+// per warp, exact in any order.
+__global__ void xent_kernel(const float* logits, const std::int32_t* labels, float* dlogits,
+                            std::int64_t rows, std::int64_t classes, float grad_scale,
+                            XentTargets targets, double* block_sums) {
+  // The step's loss scale is read here, on the device; __fmul_rn keeps the f32 product from
+  // being fused into the gradient's subtraction below, so it is rounded as on the host.
+  if (targets.loss_scale)
+    grad_scale = __fmul_rn(grad_scale, static_cast<float>(*targets.loss_scale));
+  const int lane = threadIdx.x % 32;
+  double loss = 0;
+  unsigned long long hits = 0;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kRowsPerBlock;
+  for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+       row < rows; row += stride)
+    xent_row(logits + row * classes, dlogits ? dlogits + row * classes : nullptr, labels[row], row,
+             classes, grad_scale, lane, targets.first_bad_row, &loss, &hits);
+  if (lane == 0 && hits > 0) {
+    if (targets.correct_count)
+      atomicAdd(targets.correct_count, hits);
+    else
+      atomicAdd(targets.correct_sum, static_cast<double>(hits));  // an integer: exact
+  }
+  // Only lane 0 of each warp holds a loss; block_sum adds them in warp order.
+  loss = block_sum(lane == 0 ? loss : 0.0);
+  if (threadIdx.x == 0) block_sums[blockIdx.x] = loss;
 }
 
 XentStats run(const char* op, const Tensor& logits, const Tensor& labels, Tensor* dlogits,
@@ -134,11 +155,14 @@ void launch_softmax_xent(const char* op, const Tensor& logits, const Tensor& lab
   }
   const std::int64_t rows = logits.dim(0);
   if (rows <= 0) return;
-  const auto blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  // A block per kRowsPerBlock rows, up to blocks_for's cap (then each warp takes several rows).
+  const int blocks = blocks_for(rows * 32);
+  double* block_sums = block_sums_scratch();
   xent_kernel<<<blocks, kThreads, 0, stream()>>>(logits.data<float>(), labels.data<std::int32_t>(),
                                                  dlogits ? dlogits->data<float>() : nullptr, rows,
-                                                 logits.dim(1), grad_scale, targets);
+                                                 logits.dim(1), grad_scale, targets, block_sums);
   check_launch(op);
+  launch_add_block_sums(op, block_sums, blocks, targets.loss_sum, nullptr);
 }
 
 XentStats softmax_xent_forward(const Tensor& logits, const Tensor& labels) {

@@ -138,10 +138,8 @@ void case_gelu(Harness& h, Random& rng) {
 
 void case_bias(Harness& h, Random& rng) {
   // The large shapes split the column sum into many row chunks with partial column tiles.
-  for (auto [batch, features] : {std::pair<std::int64_t, std::int64_t>{256, 1024},
-                                 {37, 10},
-                                 {8193, 1000},
-                                 {20000, 33}}) {
+  for (auto [batch, features] :
+       {std::pair<std::int64_t, std::int64_t>{256, 1024}, {37, 10}, {8193, 1000}, {20000, 33}}) {
     const std::string dims = " [" + std::to_string(batch) + "x" + std::to_string(features) + "]";
     Tensor y = rng.tensor({batch, features}, DType::f32), b = rng.tensor({features}, DType::f32);
     Tensor yd = dev(y), bd = dev(b);
@@ -161,8 +159,8 @@ void case_bias(Harness& h, Random& rng) {
       }
       kernels::bias_add_backward(y, db, accumulate);
       kernels::bias_add_backward(yd, dbd, accumulate);
-      h.expect_close(std::string("bias_add_backward") + (accumulate ? " accumulate" : "") + dims, dbd,
-                     db, kF32Reduction, &size);
+      h.expect_close(std::string("bias_add_backward") + (accumulate ? " accumulate" : "") + dims,
+                     dbd, db, kF32Reduction, &size);
     }
   }
 }
@@ -378,7 +376,8 @@ void case_scale(Harness& h, Random& rng) {
 
 void case_normalize(Harness& h, Random& rng) {
   Tensor in({kN}, DType::u8);
-  for (std::int64_t i = 0; i < kN; ++i) in.data<std::uint8_t>()[i] = static_cast<std::uint8_t>(rng.next());
+  for (std::int64_t i = 0; i < kN; ++i)
+    in.data<std::uint8_t>()[i] = static_cast<std::uint8_t>(rng.next());
   Tensor out({kN}, DType::f32), outd({kN}, DType::f32, Device::cuda);
   kernels::normalize_u8(in, out, 1.f / (255.f * 0.3081f), -0.1307f / 0.3081f);
   kernels::normalize_u8(dev(in), outd, 1.f / (255.f * 0.3081f), -0.1307f / 0.3081f);
@@ -448,7 +447,8 @@ void case_unscale_check(Harness& h, Random& rng) {
     auto [in, out, ind, outd] = unscale_buckets(rng, 60, poisoned, -1);
     const bool want = kernels::unscale_and_check(in, out, 1.f / 1024.f);
     const bool got = kernels::unscale_and_check(ind, outd, 1.f / 1024.f);
-    const std::string label = std::string("unscale_and_check") + (poisoned ? " (Inf in the last bucket)" : "");
+    const std::string label =
+        std::string("unscale_and_check") + (poisoned ? " (Inf in the last bucket)" : "");
     h.expect(got == want && want == !poisoned, label + ": finite flag",
              "got " + std::to_string(got) + ", host " + std::to_string(want));
     bool same = true;
@@ -465,7 +465,10 @@ void case_unscale_check(Harness& h, Random& rng) {
 }
 
 void case_softmax_xent(Harness& h, Random& rng) {
-  for (auto [batch, classes] : {std::pair<std::int64_t, std::int64_t>{256, 10}, {67, 1000}}) {
+  // 20000 rows are more than blocks_for's cap of blocks holds at 8 rows a block on any GPU made
+  // so far (8 blocks per SM): warps there take several rows of the grid-stride loop.
+  for (auto [batch, classes] :
+       {std::pair<std::int64_t, std::int64_t>{256, 10}, {67, 1000}, {20000, 10}}) {
     const std::string dims = " [" + std::to_string(batch) + "x" + std::to_string(classes) + "]";
     Tensor logits = rng.tensor({batch, classes}, DType::f32, -8.f, 8.f);
     // A tie for the maximum in row 0: both must pick the first.
@@ -489,6 +492,17 @@ void case_softmax_xent(Harness& h, Random& rng) {
                   {1e-6, 0});
     h.expect_close("softmax_xent_forward_backward dlogits" + dims, dld, dl,
                    {1e-5, 1e-6 * grad_scale});
+    // The same loss bits every time (a resumed run's step records depend on them): rows added
+    // atomically, in the order their warps finish, would differ between some of these runs.
+    bool same = true;
+    double differing = got.loss_sum;
+    for (int run = 0; run < 20 && same; ++run) {
+      differing = kernels::softmax_xent_forward(logitsd, labelsd).loss_sum;
+      same = std::memcmp(&differing, &got.loss_sum, sizeof differing) == 0;
+    }
+    char detail[96];
+    std::snprintf(detail, sizeof detail, "%.17g then %.17g", got.loss_sum, differing);
+    h.expect(same, "softmax_xent_forward loss gives the same bits in 20 runs" + dims, detail);
   }
   // NaN logits: the host starts from column 0 and moves on only to a greater value, so a NaN past
   // column 0 never wins (row 0: the maximum sits in the NaN's lane, 32 columns on) and a NaN in
@@ -547,7 +561,10 @@ void case_step_state(Harness& h, Random& rng) {
     kernels::begin_step(state.device);
     const float grad_scale = 1.f / (256 + 67);
     const float effective = grad_scale * 3072.f;
-    for (auto [batch, classes] : {std::pair<std::int64_t, std::int64_t>{256, 10}, {67, 1000}}) {
+    // 20000 rows are more than blocks_for's cap of blocks holds at 8 rows a block on any GPU made
+    // so far (8 blocks per SM): warps there take several rows of the grid-stride loop.
+    for (auto [batch, classes] :
+         {std::pair<std::int64_t, std::int64_t>{256, 10}, {67, 1000}, {20000, 10}}) {
       const std::string dims = " [" + std::to_string(batch) + "x" + std::to_string(classes) + "]";
       Tensor logits = rng.tensor({batch, classes}, DType::f32, -8.f, 8.f);
       logits.data<float>()[3] = logits.data<float>()[7] = 20.f;  // a tie: the first maximum wins
@@ -788,8 +805,9 @@ void case_sgd(Harness& h, Random& rng) {
     bool nesterov, first_step;
     DType recast;  // f32: no recast
   };
-  for (const Setting s : {Setting{0.f, false, false, DType::f32}, Setting{0.9f, false, true, DType::f16},
-                          Setting{0.9f, true, false, DType::bf16}, Setting{0.9f, false, false, DType::f32}}) {
+  for (const Setting s :
+       {Setting{0.f, false, false, DType::f32}, Setting{0.9f, false, true, DType::f16},
+        Setting{0.9f, true, false, DType::bf16}, Setting{0.9f, false, false, DType::f32}}) {
     const std::string label = "sgd_update momentum=" + std::to_string(s.momentum) +
                               (s.nesterov ? " nesterov" : "") + (s.first_step ? " first" : "") +
                               " recast=" + dtype_name(s.recast);
@@ -807,8 +825,7 @@ void case_sgd(Harness& h, Random& rng) {
     if (s.momentum != 0.f) h.expect_close(label + ": buffer", bufd, buf, kF32Elementwise);
     if (recast) {
       // The rounding of a master that differs in its last bit may differ by one 16-bit ulp.
-      h.expect_close(label + ": working copy", rd, r,
-                     {s.recast == DType::f16 ? 1e-3 : 8e-3, 1e-7});
+      h.expect_close(label + ": working copy", rd, r, {s.recast == DType::f16 ? 1e-3 : 8e-3, 1e-7});
       h.expect_close(label + ": widened", wd, w, {s.recast == DType::f16 ? 1e-3 : 8e-3, 1e-7});
     }
   }
@@ -848,9 +865,11 @@ void case_adamw(Harness& h, Random& rng) {
   for (bool masked : {false, true}) {
     const std::string label = std::string("adamw_update") + (masked ? " masked, recast bf16" : "");
     Tensor p = rng.tensor({kN}, DType::f32), g = rng.tensor({kN}, DType::f32);
-    Tensor m = rng.tensor({kN}, DType::f32, -0.1f, 0.1f), v = rng.tensor({kN}, DType::f32, 0.f, 0.01f);
+    Tensor m = rng.tensor({kN}, DType::f32, -0.1f, 0.1f),
+           v = rng.tensor({kN}, DType::f32, 0.f, 0.01f);
     Tensor mask({kN}, DType::u8);
-    for (std::int64_t i = 0; i < kN; ++i) mask.data<std::uint8_t>()[i] = static_cast<std::uint8_t>(i % 3 != 0);
+    for (std::int64_t i = 0; i < kN; ++i)
+      mask.data<std::uint8_t>()[i] = static_cast<std::uint8_t>(i % 3 != 0);
     Tensor pd = dev(p), gd = dev(g), md = dev(m), vd = dev(v), maskd = dev(mask);
     kernels::AdamwStep step;
     step.lr = 1e-3f;
@@ -928,7 +947,8 @@ void case_matmul(Harness& h, Random& rng) {
           Tensor a32 = host_f32(a), b32 = host_f32(b), c32 = host_f32(c0);
           Tensor abs_a = host_f32(a), abs_b = host_f32(b), size({s.m, s.n}, DType::f32);
           for (Tensor* t : {&abs_a, &abs_b})
-            for (std::int64_t i = 0; i < t->numel(); ++i) t->data<float>()[i] = std::abs(t->data<float>()[i]);
+            for (std::int64_t i = 0; i < t->numel(); ++i)
+              t->data<float>()[i] = std::abs(t->data<float>()[i]);
           kernels::matmul(a32, ta, b32, tb, c32, beta);
           kernels::matmul(abs_a, ta, abs_b, tb, size, 0.f);
           if (beta != 0.f) {
