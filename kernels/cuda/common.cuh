@@ -158,7 +158,8 @@ void launch_add_block_sums(const char* op, const double* block_sums, int blocks,
                            const std::int32_t* skip);
 
 // SUM over every thread of a block of kThreads threads, in a fixed order (warp shuffles, then
-// the warps' sums in warp order); valid in thread 0. Every thread of the block must call it.
+// the warps' sums in warp order); valid in thread 0. Every thread of the block must call it, at
+// most once per kernel: its shared slots have no barrier after the final read.
 __device__ inline double block_sum(double sum) {
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
   __shared__ double warp_sums[kThreads / 32];

@@ -47,6 +47,7 @@ void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& 
     detail::require(
         rounded && widened && (rounded->dtype() == DType::f16 || rounded->dtype() == DType::bf16),
         op, "rounded must be f16 or bf16, given together with widened", params);
+    detail::require(rounded->device() == Device::cpu, op, "rounded must be on the host", *rounded);
     detail::require_host_f32(op, "widened must be f32 on the host", *widened);
     detail::require_pair(rounded->numel() == n && widened->numel() == n, op,
                          "rounded and widened must hold as many elements as params", *rounded,

@@ -1,13 +1,14 @@
 // Host casts between f32, f16 and bf16. fp16 uses the F16C instructions and bf16 AVX2 integer
 // rounding where the CPU has them (checked once at run time, so the binary still runs on CPUs
 // without; the portable loops are the scalar converters of core/half.hpp).
+#include "kernels/cast.hpp"
+
 #include <cpuid.h>
 #include <immintrin.h>
 
 #include <cstring>
 
 #include "core/half.hpp"
-#include "kernels/cast.hpp"
 #include "kernels/host/convert.hpp"
 #include "kernels/host/parallel.hpp"
 
@@ -26,17 +27,18 @@ bool cpu_has_f16c() {
 }
 
 __attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* in, std::uint16_t* out,
-                                                          std::int64_t n) {
+                                                         std::int64_t n) {
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_loadu_ps(in + i);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
   for (; i < n; ++i) out[i] = float_to_half_bits(in[i]);
 }
 
 __attribute__((target("avx,f16c"))) void f16_to_f32_f16c(const std::uint16_t* in, float* out,
-                                                          std::int64_t n) {
+                                                         std::int64_t n) {
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
@@ -46,9 +48,8 @@ __attribute__((target("avx,f16c"))) void f16_to_f32_f16c(const std::uint16_t* in
 }
 
 __attribute__((target("avx,f16c"))) void f32_to_f16_and_back_f16c(const float* in,
-                                                                   std::uint16_t* rounded,
-                                                                   float* widened,
-                                                                   std::int64_t n) {
+                                                                  std::uint16_t* rounded,
+                                                                  float* widened, std::int64_t n) {
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
@@ -157,7 +158,8 @@ void f32_to_bf16_and_back(const float* __restrict in, std::uint16_t* __restrict 
 
 // Converts elements [begin, end) from SRC's to DST's dtype, through a small f32 buffer when
 // neither side is f32.
-void cast_range(const void* src, DType from, void* dst, DType to, std::int64_t begin, std::int64_t end) {
+void cast_range(const void* src, DType from, void* dst, DType to, std::int64_t begin,
+                std::int64_t end) {
   const std::int64_t n = end - begin;
   auto* f32_out = static_cast<float*>(dst) + (to == DType::f32 ? begin : 0);
   auto* u16_out = static_cast<std::uint16_t*>(dst) + (to != DType::f32 ? begin : 0);
@@ -225,6 +227,9 @@ void cast(const Tensor& src, Tensor& dst) {
                   "src must be f32, f16 or bf16", src);
   detail::require(dst.defined() && is_float_storage(dst.dtype()), "kernels::cast",
                   "dst must be f32, f16 or bf16", dst);
+  // Dispatch follows src: a device dst here would be written through a host pointer.
+  detail::require(dst.device() == Device::cpu, "kernels::cast",
+                  "dst must be on the host, as src is (move tensors with Tensor::to)", dst);
   detail::require_pair(src.numel() == dst.numel(), "kernels::cast",
                        "src and dst must have the same number of elements", src, dst);
   if (src.raw() == dst.raw() && src.dtype() == dst.dtype()) return;

@@ -8,8 +8,8 @@
 namespace mpt::kernels::host {
 
 void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, float lr,
-                float momentum, float weight_decay, bool nesterov, bool first_step,
-                Tensor* rounded, Tensor* widened, const Tensor* control) {
+                float momentum, float weight_decay, bool nesterov, bool first_step, Tensor* rounded,
+                Tensor* widened, const Tensor* control) {
   static const std::string label = "kernels::sgd_update";
   constexpr const char* op = "kernels::sgd_update";
   if (control) {
@@ -29,11 +29,14 @@ void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, fl
   float* out32 = nullptr;
   DType to = DType::f16;
   if (rounded || widened) {
-    detail::require(rounded && widened && (rounded->dtype() == DType::f16 || rounded->dtype() == DType::bf16),
-                    op, "rounded must be f16 or bf16, given together with widened", params);
+    detail::require(
+        rounded && widened && (rounded->dtype() == DType::f16 || rounded->dtype() == DType::bf16),
+        op, "rounded must be f16 or bf16, given together with widened", params);
+    detail::require(rounded->device() == Device::cpu, op, "rounded must be on the host", *rounded);
     detail::require_host_f32(op, "widened must be f32 on the host", *widened);
-    detail::require_pair(rounded->numel() == params.numel() && widened->numel() == params.numel(), op,
-                         "rounded and widened must hold as many elements as params", *rounded, *widened);
+    detail::require_pair(rounded->numel() == params.numel() && widened->numel() == params.numel(),
+                         op, "rounded and widened must hold as many elements as params", *rounded,
+                         *widened);
     out16 = static_cast<std::uint16_t*>(rounded->raw());
     out32 = widened->data<float>();
     to = rounded->dtype();

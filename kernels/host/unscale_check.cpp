@@ -3,6 +3,8 @@
 // where a float sum of (x - x) would not (float addition may not be reordered), and it ran at
 // a third of memory speed. 16-bit inputs are widened chunk by chunk, so the scaling pass reads
 // the f32 output while it is still in cache.
+#include "kernels/unscale_check.hpp"
+
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -12,7 +14,6 @@
 #include "core/half.hpp"
 #include "kernels/host/convert.hpp"
 #include "kernels/host/parallel.hpp"
-#include "kernels/unscale_check.hpp"
 
 namespace mpt::kernels::host {
 namespace {
@@ -40,12 +41,16 @@ bool unscale_and_check(std::span<const Tensor> inputs, std::span<Tensor> outputs
   for (std::size_t b = 0; b < inputs.size(); ++b) {
     const Tensor& input = inputs[b];
     Tensor& output = outputs[b];
-    detail::require_host_f32("kernels::unscale_and_check", "outputs must be f32 on the host", output);
+    detail::require_host_f32("kernels::unscale_and_check", "outputs must be f32 on the host",
+                             output);
     detail::require_pair(input.numel() == output.numel(), "kernels::unscale_and_check",
                          "each output must hold as many elements as its input", input, output);
     const DType from = input.dtype();
-    detail::require(from == DType::f32 || from == DType::f16 || from == DType::bf16,
-                    "kernels::unscale_and_check", "inputs must be f32, f16 or bf16", input);
+    // Dispatch follows inputs[0]: every other input must be on the host too.
+    detail::require((from == DType::f32 || from == DType::f16 || from == DType::bf16) &&
+                        input.device() == Device::cpu,
+                    "kernels::unscale_and_check", "inputs must be f32, f16 or bf16 on the host",
+                    input);
     const auto* in16 = static_cast<const std::uint16_t*>(input.raw());
     float* out = output.data<float>();
     // A 16-bit chunk is widened into its output chunk first and then scaled there in place.
