@@ -1338,7 +1338,7 @@ TrainSummary Trainer::run() {
   std::vector<double> gathered;  // rank 0: every rank's window statistics
   ResourceTrack resources;       // rank 0: every rank's RSS and descriptors, window by window
   double last_window_loss = std::nan("");
-  auto window_start = Clock::now();
+  Clock::time_point window_start;  // set as the first step begins, and after each window
   std::int64_t window_steps = 0;
 
   // Checkpoints: rank 0 writes (the weights are replicated), synchronously or on its writer's
@@ -1506,6 +1506,9 @@ TrainSummary Trainer::run() {
   const auto drain_reports = [&] {
     while (const auto report = reports.next(/*drain=*/true)) take_report(*report);
   };
+  // The first window starts here, not before the setup above (the checkpoint writer, the
+  // deadline's agreement: a collective), which is no part of any step.
+  window_start = Clock::now();
   for (std::int64_t epoch = resume.epoch; epoch < config.loop.epochs && step < total_steps && !stopping; ++epoch) {
     const auto epoch_start = Clock::now();
     const std::int64_t first_step = epoch == resume.epoch ? resume.epoch_step : 0;
@@ -1745,7 +1748,10 @@ TrainSummary Trainer::run() {
       if (!log_now) continue;
       comm::set_phase(comm::Phase::log);
       window[3] = static_cast<double>(skipped_samples());
+      const auto log_sum_start = Clock::now();
       world.allreduce_sum(window, 4);
+      // As at the agreement above: waiting for the slowest rank, counted as exposed.
+      window_exposed += seconds_since(log_sum_start);
       // Every rank's breakdown reaches rank 0 in one gather per window: it logs the maximum of
       // each part (the slowest rank sets the pace) and names a straggler.
       // With them, this rank's resident set and descriptors (a few /proc reads per window).
