@@ -214,6 +214,10 @@ double bench_mlp(DType dtype, std::int64_t batch, int steps, int warmup) {
 double bench_model(const std::string& name, DType dtype, std::int64_t batch, int steps,
                    int warmup, bool graphs) {
   nn::Model model = nn::Model::build(name, {1, 28, 28}, 10, dtype, Device::cuda);
+  // As the trainer refuses --cuda.graphs: a replay would reuse the captured dropout mask.
+  if (graphs && !model.graph_blocker().empty())
+    throw_user_error("--graphs: model '" + name + "' cannot be captured: " + model.graph_blocker(),
+                     "drop --graphs for this model");
   model.init_params(42);
   model.plan(batch);
   optim::SgdOptions options;
@@ -287,7 +291,13 @@ int run(int argc, char** argv) {
     else if (arg == "--model-only") kernel_step = false;
     else if (arg == "--model") model = value();
     else if (arg == "--conv") conv = nn::cuda_conv_path_from_name(value(), "--conv");
-    else if (arg == "--precision") precisions = {dtype_from_name(value(), "--precision")};
+    else if (arg == "--precision") {
+      const DType d = dtype_from_name(value(), "--precision");
+      MPT_REQUIRE(d == DType::f32 || d == DType::f16 || d == DType::bf16,
+                  "--precision: '" + std::string(argv[i]) + "' is not a training precision",
+                  "use fp32, fp16 or bf16");
+      precisions = {d};
+    }
     else if (arg == "--help") {
       std::printf(
           "usage: gpu_bench [--steps N] [--warmup N] [--batch B] [--precision fp32|fp16|bf16] "

@@ -69,7 +69,13 @@ int cuda_device_count() {
 }
 
 std::string cuda_device_description() {
-  if (cuda_device_count() == 0) return "no CUDA device";
+  int count = 0;
+  if (const cudaError_t status = cudaGetDeviceCount(&count); status != cudaSuccess) {
+    cudaGetLastError();
+    // Why there is none: no driver, a driver older than this runtime, no device visible...
+    return std::string("no CUDA device: cudaGetDeviceCount: ") + cudaGetErrorString(status);
+  }
+  if (count == 0) return "no CUDA device";
   int device = 0;
   cudaDeviceProp prop{};
   if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess)

@@ -662,7 +662,9 @@ Device select_device(const RunConfig& config, const comm::Topology& topology,
     if (option == "cpu" || (option == "auto" && (some_rank_has_none || !kTrainsOnCuda))) return;
     MPT_REQUIRE(device_memory::cuda_built(), "--device=cuda: this build has no CUDA",
                 "rebuild with -DMPTRAIN_ENABLE_CUDA=ON (docs/gpu.md), or use --device=cpu or auto");
-    MPT_REQUIRE(visible > 0, "--device=cuda: no CUDA device visible on " + process_host(),
+    MPT_REQUIRE(visible > 0,
+                "--device=cuda: no CUDA device visible on " + process_host() + " (" +
+                    device_memory::cuda_device_description() + ")",
                 "check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device=cpu or auto");
     MPT_REQUIRE(kTrainsOnCuda, "--device=cuda: the trainer does not run on CUDA yet",
                 "use --device=cpu or auto (the CUDA kernels, model and their tests: docs/gpu.md)");

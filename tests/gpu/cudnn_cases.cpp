@@ -251,9 +251,11 @@ void cudnn_pool2d_cases(Harness& h, Random& rng) {
         kernels::cast(y_ref, y_want);
         kernels::cast(dx_ref, dx_want);
         h.expect_close(std::string("CudnnPool2d::forward") + label, yd, y_want, tol);
-        // Overlapping max windows add several gradients into one element in some order.
+        // Overlapping max windows add several gradients into one element in some order: the
+        // average's tolerances (docs/gpu.md). Up to 9 terms of |dy| < 1 may cancel, so the
+        // absolute part carries f32: 9 roundings of 2^-24 are under 1e-6.
         const Tolerance dx_tol = max && s.stride < s.kernel
-                                     ? (dtype == DType::f32   ? Tolerance{1e-6, 1e-7}
+                                     ? (dtype == DType::f32   ? Tolerance{1e-5, 1e-6}
                                         : dtype == DType::f16 ? Tolerance{1e-3, 1e-4}
                                                               : Tolerance{8e-3, 1e-3})
                                      : tol;
