@@ -25,6 +25,9 @@ MPI_Datatype mpi_type_of(DType dtype) {
 }
 
 int checked_count(const Tensor& data, const char* what) {
+  // Host buffers only: MPI here may not be CUDA-aware (device tensors go through .to(cpu)).
+  if (data.device() != Device::cpu)
+    abort_job(std::string("World::") + what + ": needs a host tensor, got " + data.describe());
   if (data.numel() > INT_MAX) abort_job(std::string(what) + ": buffer too large for one MPI call");
   return static_cast<int>(data.numel());
 }
