@@ -1,0 +1,71 @@
+// tests/gpu/isolation.hpp on the host (no device needed, so it runs everywhere, CI included):
+// a table whose cases abort, segfault and _Exit (as abort_job does after a sticky CUDA error)
+// between cases that pass and fail. Every case after a crash must still run, each crash must
+// count as one failure, and a runner that dies before its first case must end the run, not
+// restart forever.
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "tests/gpu/isolation.hpp"
+
+using namespace mpt::gpu_test;
+
+namespace {
+
+void table(int i, Harness& h) {
+  switch (i) {
+    case 0:
+      h.expect(true, "case 0 passes");
+      break;
+    case 1:
+      std::abort();
+    case 2:
+      h.expect(false, "case 2 fails", "as planned");
+      break;
+    case 3:
+      std::raise(SIGSEGV);
+      break;
+    case 4:
+      h.expect(true, "case 4 passes");
+      h.expect(true, "case 4 passes again");
+      break;
+    case 5:
+      std::_Exit(3);
+    default:
+      h.expect(true, "case " + std::to_string(i) + " passes");
+      break;
+  }
+}
+
+int check(const char* what, const IsolatedTotals& got, IsolatedTotals want) {
+  const bool ok =
+      got.passed == want.passed && got.failed == want.failed && got.crashed == want.crashed;
+  std::printf("%s %s: passed %d, failed %d, crashed %d (want %d, %d, %d)\n", ok ? "ok  " : "FAIL",
+              what, got.passed, got.failed, got.crashed, want.passed, want.failed, want.crashed);
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const IsolationArgs args = parse_isolation_args(argc, argv);
+  const auto name = [](int i) { return "case " + std::to_string(i); };
+  const bool setup_dies = !args.rest.empty() && args.rest[0] == "setup-dies";
+  if (args.child())  // runs the cases and exits
+    run_isolated(args, 7, name, table, [setup_dies] {
+      if (setup_dies) std::_Exit(4);
+    });
+  if (setup_dies) return 0;  // not reached: only the supervisor below starts this
+  int failed = 0;
+  // 7 cases: 0, 4 (twice) and 6 pass; 2 fails; 1, 3 and 5 crash.
+  failed += check("three crashes among seven cases", run_isolated(args, 7, name, table),
+                  IsolatedTotals{4, 4, 3});
+  // The same table from a runner whose setup dies: one failure, no endless restarts.
+  IsolationArgs dying = args;
+  dying.rest = {"setup-dies"};
+  failed += check("a runner that dies in its setup", run_isolated(dying, 7, name, table),
+                  IsolatedTotals{0, 1, 0});
+  return failed == 0 ? 0 : 1;
+}
