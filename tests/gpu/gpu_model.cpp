@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -31,6 +32,7 @@
 #include "nn/pool2d_layer.hpp"
 #include "optim/optim.hpp"
 #include "tests/gpu/harness.hpp"
+#include "tests/gpu/isolation.hpp"
 
 #ifdef MPTRAIN_HAVE_KOKKOS
 #include <Kokkos_Core.hpp>
@@ -226,8 +228,8 @@ struct GraphTrainee {
 };
 
 GraphTrainee make_graph_trainee(const std::string& spec, DType dtype, std::int64_t batch) {
-  GraphTrainee t{nn::Model::build(spec, {1, 28, 28}, 10, dtype, Device::cuda), nullptr, {}, {}, {},
-                 {}};
+  GraphTrainee t{
+      nn::Model::build(spec, {1, 28, 28}, 10, dtype, Device::cuda), nullptr, {}, {}, {}, {}};
   t.model.init_params(7);
   t.model.plan(batch);
   optim::SgdOptions options;
@@ -259,8 +261,7 @@ void graph_trainee_step(GraphTrainee& t, const Tensor& x, const Tensor& labels,
 // The fields of two StepStates that differ ("" when none): every field bitwise, except
 // loss_sum, which the loss kernel adds up with one double atomicAdd per row, in whatever order
 // the rows finish (eager or replayed alike), so it may differ in its last bits.
-std::string step_state_differences(const kernels::StepState& got,
-                                   const kernels::StepState& want) {
+std::string step_state_differences(const kernels::StepState& got, const kernels::StepState& want) {
   // StepState has no padding (13 doubles, a uint64, 4 int32), so memcmp compares the fields.
   kernels::StepState got_rest = got, want_rest = want;
   got_rest.loss_sum = want_rest.loss_sum = 0;
@@ -337,8 +338,7 @@ void check_graph_step(Harness& h, Random& rng, const std::string& spec, DType dt
   const kernels::StepState want = kernels::read_step_state(eager.state);
   const std::string differ = step_state_differences(got, want);
   h.expect(differ.empty(), "StepGraph: 3 replays = 3 eager steps (step state)" + tag, differ);
-  h.expect(want.applied_steps + want.skipped_steps == 4,
-           "StepGraph: 4 steps decided" + tag,
+  h.expect(want.applied_steps + want.skipped_steps == 4, "StepGraph: 4 steps decided" + tag,
            "applied " + std::to_string(want.applied_steps) + ", skipped " +
                std::to_string(want.skipped_steps));
 }
@@ -348,85 +348,114 @@ void check_graph_step(Harness& h, Random& rng, const std::string& spec, DType dt
 
 int main(int argc, char** argv) {
   using namespace mpt::gpu_test;
+  const IsolationArgs args = parse_isolation_args(argc, argv);
   if (mpt::device_memory::cuda_device_count() == 0) {
     std::printf("SKIPPED: no CUDA device (%s)\n",
                 mpt::device_memory::cuda_device_description().c_str());
     return 77;
   }
-#ifdef MPTRAIN_HAVE_KOKKOS
-  Kokkos::initialize(argc, argv);
-#endif
-  Harness harness;
-  {
-    Random rng(99);
-    check_model(harness, rng, mpt::DType::f32, 1e-5);
-    check_model(harness, rng, mpt::DType::f16, 3e-3);
-    check_model(harness, rng, mpt::DType::bf16, 2e-2);
-    // Batch 70 is over a block boundary of both cnn convolutions (53 and 6 samples a block).
-    // The rest: every other layer kind (GELU, average and strided max pooling, BatchNorm1d
-    // after gap, dropout).
-    const std::string others =
-        "conv:8:3:pad=1,gelu,avgpool:2,conv:12:3:stride=2,bn,relu,maxpool:2:stride=1,gap,bn,"
-        "dropout:0.3,dense:10";
-    struct Case {
-      const char* label;
-      std::string spec;
-    };
-    // Odd planes, stride 2, pad 0/1/2, 1x1 kernels, C_in = 1 (the first conv reads the f32
-    // input), ReLUs fused into convs. Planned for 77 samples and run with 70.
-    struct ShapeCase {
-      const char* label;
-      std::string spec;
-      mpt::Shape sample;
-    };
-    const ShapeCase shapes[] = {
-        {"conv shapes 13x11",
-         "conv:3:1,conv:5:3:stride=2:pad=1,relu,conv:4:5:pad=2,conv:6:3:stride=2,relu,flatten,"
-         "dense:10",
-         {1, 13, 11}},
-        {"conv shapes 9x15", "conv:4:3:stride=2:pad=2,relu,conv:8:1:stride=2,flatten,dense:10",
-         {1, 9, 15}},
-    };
-    // cuDNN sums in other orders than the host (and its 16-bit output is rounded before the
-    // bias is added, and the first layer's f32 input is rounded to the storage dtype, as
-    // autocast does), so its tolerances are looser than im2col's (docs/gpu.md).
-    using Tolerances = std::vector<std::pair<mpt::DType, double>>;
-    const Tolerances im2col_tol{
-        {mpt::DType::f32, 1e-5}, {mpt::DType::f16, 3e-3}, {mpt::DType::bf16, 2e-2}};
-    const Tolerances cudnn_tol{
-        {mpt::DType::f32, 3e-5}, {mpt::DType::f16, 5e-3}, {mpt::DType::bf16, 3e-2}};
-    for (const auto path : {mpt::nn::CudaConvPath::cudnn, mpt::nn::CudaConvPath::im2col}) {
-      mpt::nn::set_cuda_conv_path(path);
-      const bool cudnn = path == mpt::nn::CudaConvPath::cudnn;
-      const Tolerances& tols = cudnn ? cudnn_tol : im2col_tol;
-      // The im2col path: the cnn again (its block boundaries) and the conv shapes.
-      const std::vector<Case> cases =
-          cudnn ? std::vector<Case>{{"cnn", "cnn"}, {"resnet-mini", "resnet-mini"},
-                                    {"other layers", others},
-                                    // The input cast to 16 bits first, as autocast does: the
-                                    // first dense computes in 16 bits (no convolution here).
-                                    {"mlp, input cast first",
-                                     "flatten,dense:1024,relu,dense:1024,relu,dense:10"}}
-                : std::vector<Case>{{"cnn", "cnn"}};
-      for (const Case& c : cases)
-        for (const auto& [dtype, tol] : tols)
-          check_training_step(harness, rng, c.label, c.spec, {1, 28, 28}, 70, dtype, tol);
-      for (const ShapeCase& c : shapes)
-        for (const auto& [dtype, tol] : tols)
-          check_training_step(harness, rng, c.label, c.spec, c.sample, 70, dtype, tol, 77);
-    }
-    mpt::nn::set_cuda_conv_path(mpt::nn::CudaConvPath::cudnn);
-    // Whole training steps as CUDA graphs (kernels::StepGraph): the mlp, the cnn (conv, ReLU,
-    // max pooling, dense) and resnet-mini (BatchNorm's per-channel arithmetic on the device,
-    // residual blocks, global pooling); none has dropout, whose key changes every step.
-    check_graph_step(harness, rng, "mlp", mpt::DType::f32);
-    check_graph_step(harness, rng, "mlp", mpt::DType::f16);
-    check_graph_step(harness, rng, "cnn", mpt::DType::f16);
-    check_graph_step(harness, rng, "resnet-mini", mpt::DType::f16);
+  // Every check a case of its own, in a process that a crash in an earlier one cannot take
+  // down (isolation.hpp), with its own seed and its own conv path.
+  struct ModelCase {
+    std::string name;
+    std::function<void(Harness&, Random&)> run;
+  };
+  using mpt::DType;
+  using mpt::nn::CudaConvPath;
+  std::vector<ModelCase> cases;
+  for (const auto& [dtype, tol] : std::vector<std::pair<DType, double>>{
+           {DType::f32, 1e-5}, {DType::f16, 3e-3}, {DType::bf16, 2e-2}})
+    cases.push_back({std::string("mlp ") + mpt::dtype_name(dtype),
+                     [dtype, tol](Harness& h, Random& rng) { check_model(h, rng, dtype, tol); }});
+  // Batch 70 is over a block boundary of both cnn convolutions (53 and 6 samples a block).
+  // The rest: every other layer kind (GELU, average and strided max pooling, BatchNorm1d
+  // after gap, dropout).
+  const std::string others =
+      "conv:8:3:pad=1,gelu,avgpool:2,conv:12:3:stride=2,bn,relu,maxpool:2:stride=1,gap,bn,"
+      "dropout:0.3,dense:10";
+  struct Case {
+    const char* label;
+    std::string spec;
+  };
+  // Odd planes, stride 2, pad 0/1/2, 1x1 kernels, C_in = 1 (the first conv reads the f32
+  // input), ReLUs fused into convs. Planned for 77 samples and run with 70.
+  struct ShapeCase {
+    const char* label;
+    std::string spec;
+    mpt::Shape sample;
+  };
+  const ShapeCase shapes[] = {
+      {"conv shapes 13x11",
+       "conv:3:1,conv:5:3:stride=2:pad=1,relu,conv:4:5:pad=2,conv:6:3:stride=2,relu,flatten,"
+       "dense:10",
+       {1, 13, 11}},
+      {"conv shapes 9x15",
+       "conv:4:3:stride=2:pad=2,relu,conv:8:1:stride=2,flatten,dense:10",
+       {1, 9, 15}},
+  };
+  // cuDNN sums in other orders than the host (and its 16-bit output is rounded before the
+  // bias is added, and the first layer's f32 input is rounded to the storage dtype, as
+  // autocast does), so its tolerances are looser than im2col's (docs/gpu.md).
+  using Tolerances = std::vector<std::pair<DType, double>>;
+  const Tolerances im2col_tol{{DType::f32, 1e-5}, {DType::f16, 3e-3}, {DType::bf16, 2e-2}};
+  const Tolerances cudnn_tol{{DType::f32, 3e-5}, {DType::f16, 5e-3}, {DType::bf16, 3e-2}};
+  const auto add_step = [&](CudaConvPath path, const std::string& label, const std::string& spec,
+                            const mpt::Shape& sample, DType dtype, double tol,
+                            std::int64_t plan_batch) {
+    cases.push_back({"training step " + label + " [" + mpt::dtype_name(dtype) + ", conv " +
+                         (path == CudaConvPath::cudnn ? "cudnn" : "im2col") + "]",
+                     [=](Harness& h, Random& rng) {
+                       mpt::nn::set_cuda_conv_path(path);
+                       check_training_step(h, rng, label, spec, sample, 70, dtype, tol, plan_batch);
+                     }});
+  };
+  for (const auto path : {CudaConvPath::cudnn, CudaConvPath::im2col}) {
+    const bool cudnn = path == CudaConvPath::cudnn;
+    const Tolerances& tols = cudnn ? cudnn_tol : im2col_tol;
+    // The im2col path: the cnn again (its block boundaries) and the conv shapes.
+    const std::vector<Case> steps =
+        cudnn ? std::vector<Case>{{"cnn", "cnn"},
+                                  {"resnet-mini", "resnet-mini"},
+                                  {"other layers", others},
+                                  // The input cast to 16 bits first, as autocast does: the
+                                  // first dense computes in 16 bits (no convolution here).
+                                  {"mlp, input cast first",
+                                   "flatten,dense:1024,relu,dense:1024,relu,dense:10"}}
+              : std::vector<Case>{{"cnn", "cnn"}};
+    for (const Case& c : steps)
+      for (const auto& [dtype, tol] : tols)
+        add_step(path, c.label, c.spec, {1, 28, 28}, dtype, tol, 0);
+    for (const ShapeCase& c : shapes)
+      for (const auto& [dtype, tol] : tols)
+        add_step(path, c.label, c.spec, c.sample, dtype, tol, 77);
   }
+  // Whole training steps as CUDA graphs (kernels::StepGraph): the mlp, the cnn (conv, ReLU,
+  // max pooling, dense) and resnet-mini (BatchNorm's per-channel arithmetic on the device,
+  // residual blocks, global pooling); none has dropout, whose key changes every step.
+  for (const auto& [spec, dtype] :
+       std::vector<std::pair<std::string, DType>>{{"mlp", DType::f32},
+                                                  {"mlp", DType::f16},
+                                                  {"cnn", DType::f16},
+                                                  {"resnet-mini", DType::f16}})
+    cases.push_back({"StepGraph " + spec + " [" + mpt::dtype_name(dtype) + "]",
+                     [spec, dtype](Harness& h, Random& rng) {
+                       mpt::nn::set_cuda_conv_path(CudaConvPath::cudnn);
+                       check_graph_step(h, rng, spec, dtype);
+                     }});
+  const IsolatedTotals totals = run_isolated(
+      args, static_cast<int>(cases.size()),
+      [&](int i) { return cases[static_cast<std::size_t>(i)].name; },
+      [&](int i, Harness& harness) {
+        std::printf("case %s\n", cases[static_cast<std::size_t>(i)].name.c_str());
+        Random rng(99 + static_cast<std::uint64_t>(i));
+        cases[static_cast<std::size_t>(i)].run(harness, rng);
+      },
 #ifdef MPTRAIN_HAVE_KOKKOS
-  Kokkos::finalize();
+      [&] { Kokkos::initialize(argc, argv); }, [] { Kokkos::finalize(); });
+#else
+      {}, {});
 #endif
-  std::printf("%d passed, %d failed\n", harness.passed(), harness.failed());
-  return harness.failed() == 0 ? 0 : 1;
+  if (totals.crashed > 0) std::printf("%d case(s) crashed\n", totals.crashed);
+  std::printf("%d passed, %d failed\n", totals.passed, totals.failed);
+  return totals.failed == 0 ? 0 : 1;
 }
