@@ -1,6 +1,8 @@
 // Crash isolation for the tests/gpu case tables (see isolation.hpp). POSIX: fork, exec, pipe.
 #include "tests/gpu/isolation.hpp"
 
+#include <poll.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -79,6 +81,9 @@ IsolatedTotals run_isolated(const IsolationArgs& args, int count,
                             const std::function<void()>& teardown) {
   if (args.child()) run_child(args, count, run, setup, teardown);
   IsolatedTotals totals;
+  int timeout_s = 45;
+  if (const char* text = std::getenv("MPT_GPU_CASE_TIMEOUT_S"); text && std::atoi(text) > 0)
+    timeout_s = std::atoi(text);
   int next = 0;
   while (next < count) {
     int fds[2];
@@ -88,12 +93,17 @@ IsolatedTotals run_isolated(const IsolationArgs& args, int count,
     }
     std::fflush(stdout);
     std::fflush(stderr);
+    const pid_t supervisor = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) {
       std::perror("run_isolated: fork");
       std::exit(2);
     }
     if (pid == 0) {
+      // A child outlives no supervisor (CTest's timeout kills only the process it started):
+      // one left behind would hold the GPU through the stages after it.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != supervisor) std::_Exit(127);
       ::close(fds[0]);
       std::vector<std::string> words;
       words.push_back("/proc/self/exe");
@@ -109,22 +119,37 @@ IsolatedTotals run_isolated(const IsolationArgs& args, int count,
     }
     ::close(fds[1]);
     int started = -1, ended = -1;
-    if (FILE* in = ::fdopen(fds[0], "r")) {
-      char line[128];
-      while (std::fgets(line, sizeof line, in)) {
+    bool timed_out = false;
+    std::string pending;  // a line not yet complete
+    for (;;) {
+      // A case that reports nothing for the time limit is taken to hang, and killed.
+      pollfd watch{fds[0], POLLIN, 0};
+      const int ready = ::poll(&watch, 1, timeout_s * 1000);
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready == 0) {
+        timed_out = true;
+        ::kill(pid, SIGKILL);
+        break;
+      }
+      char chunk[256];
+      const ssize_t n = ready < 0 ? -1 : ::read(fds[0], chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // the child is gone (or the pipe failed): its status says how
+      pending.append(chunk, static_cast<std::size_t>(n));
+      for (std::size_t eol; (eol = pending.find('\n')) != std::string::npos;) {
+        const std::string line = pending.substr(0, eol);
+        pending.erase(0, eol + 1);
         int index = 0, passed = 0, failed = 0;
-        if (std::sscanf(line, "start %d", &index) == 1) {
+        if (std::sscanf(line.c_str(), "start %d", &index) == 1) {
           started = index;
-        } else if (std::sscanf(line, "end %d %d %d", &index, &passed, &failed) == 3) {
+        } else if (std::sscanf(line.c_str(), "end %d %d %d", &index, &passed, &failed) == 3) {
           ended = index;
           totals.passed += passed;
           totals.failed += failed;
         }
       }
-      std::fclose(in);
-    } else {
-      ::close(fds[0]);
     }
+    ::close(fds[0]);
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
@@ -133,8 +158,11 @@ IsolatedTotals run_isolated(const IsolationArgs& args, int count,
       // Died inside case STARTED: one failure, and the next child goes on after it.
       ++totals.failed;
       ++totals.crashed;
+      const std::string how = timed_out ? "no result in " + std::to_string(timeout_s) +
+                                              " s (MPT_GPU_CASE_TIMEOUT_S), killed"
+                                        : how_it_ended(status);
       std::printf("  FAIL  %s crashed: %s; the cases after it run in a new process\n",
-                  name(started).c_str(), how_it_ended(status).c_str());
+                  name(started).c_str(), how.c_str());
       next = started + 1;
       continue;
     }

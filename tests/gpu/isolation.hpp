@@ -8,7 +8,9 @@
 // child runs cases K, K + 1, ..., writing "start I" before and "end I PASSED FAILED" after each
 // to descriptor F. When a child ends inside case I (a signal, or an exit before "end I"), case I
 // counts as one failure, printed as "  FAIL  <name> crashed: ..." with how it ended, and a new
-// child goes on from I + 1. The supervisor prints the totals as "N passed, M failed".
+// child goes on from I + 1. A child that reports nothing for MPT_GPU_CASE_TIMEOUT_S seconds
+// (default 45) is taken to hang in its case and killed, and the same follows: a spinning kernel
+// costs its case, not the rest of the table. The supervisor prints no totals; its caller does.
 #pragma once
 
 #include <functional>

@@ -1,8 +1,10 @@
 // tests/gpu/isolation.hpp on the host (no device needed, so it runs everywhere, CI included):
-// a table whose cases abort, segfault and _Exit (as abort_job does after a sticky CUDA error)
-// between cases that pass and fail. Every case after a crash must still run, each crash must
+// a table whose cases abort, segfault, _Exit (as abort_job does after a sticky CUDA error) and
+// hang, between cases that pass and fail. Every case after a crash must still run, each crash must
 // count as one failure, and a runner that dies before its first case must end the run, not
 // restart forever.
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +35,8 @@ void table(int i, Harness& h) {
       break;
     case 5:
       std::_Exit(3);
+    case 6:
+      for (;;) pause();  // a hang: killed after MPT_GPU_CASE_TIMEOUT_S
     default:
       h.expect(true, "case " + std::to_string(i) + " passes");
       break;
@@ -54,18 +58,19 @@ int main(int argc, char** argv) {
   const auto name = [](int i) { return "case " + std::to_string(i); };
   const bool setup_dies = !args.rest.empty() && args.rest[0] == "setup-dies";
   if (args.child())  // runs the cases and exits
-    run_isolated(args, 7, name, table, [setup_dies] {
+    run_isolated(args, 8, name, table, [setup_dies] {
       if (setup_dies) std::_Exit(4);
     });
   if (setup_dies) return 0;  // not reached: only the supervisor below starts this
   int failed = 0;
-  // 7 cases: 0, 4 (twice) and 6 pass; 2 fails; 1, 3 and 5 crash.
-  failed += check("three crashes among seven cases", run_isolated(args, 7, name, table),
-                  IsolatedTotals{4, 4, 3});
+  setenv("MPT_GPU_CASE_TIMEOUT_S", "2", 1);  // the hang's limit: 2 s, not the default 45
+  // 8 cases: 0, 4 (twice) and 7 pass; 2 fails; 1, 3 and 5 crash, 6 hangs.
+  failed += check("three crashes and a hang among eight cases", run_isolated(args, 8, name, table),
+                  IsolatedTotals{4, 5, 4});
   // The same table from a runner whose setup dies: one failure, no endless restarts.
   IsolationArgs dying = args;
   dying.rest = {"setup-dies"};
-  failed += check("a runner that dies in its setup", run_isolated(dying, 7, name, table),
+  failed += check("a runner that dies in its setup", run_isolated(dying, 8, name, table),
                   IsolatedTotals{0, 1, 0});
   return failed == 0 ? 0 : 1;
 }
