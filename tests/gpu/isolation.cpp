@@ -26,25 +26,25 @@ void report(int fd, const std::string& line) {
   }
 }
 
-[[noreturn]] void run_child(const IsolationArgs& args, int count,
-                            const std::function<void(int, Harness&)>& run,
-                            const std::function<void()>& setup,
-                            const std::function<void()>& teardown) {
+// Cases FROM, ..., COUNT - 1 in this process, each reported to REPORT_FD (when >= 0).
+Harness run_here(int from, int report_fd, int count, const std::function<void(int, Harness&)>& run,
+                 const std::function<void()>& setup, const std::function<void()>& teardown) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a crash keeps every line printed before it
   if (setup) setup();
   Harness harness;
-  for (int i = args.from; i < count; ++i) {
-    report(args.report_fd, "start " + std::to_string(i));
+  for (int i = from; i < count; ++i) {
+    if (report_fd >= 0) report(report_fd, "start " + std::to_string(i));
     const int passed = harness.passed(), failed = harness.failed();
     run(i, harness);
     std::fflush(stdout);
-    report(args.report_fd, "end " + std::to_string(i) + " " +
-                               std::to_string(harness.passed() - passed) + " " +
-                               std::to_string(harness.failed() - failed));
+    if (report_fd >= 0)
+      report(report_fd, "end " + std::to_string(i) + " " +
+                            std::to_string(harness.passed() - passed) + " " +
+                            std::to_string(harness.failed() - failed));
   }
   if (teardown) teardown();
   std::fflush(stdout);
-  std::exit(0);
+  return harness;
 }
 
 std::string how_it_ended(int status) {
@@ -79,8 +79,19 @@ IsolatedTotals run_isolated(const IsolationArgs& args, int count,
                             const std::function<void(int, Harness&)>& run,
                             const std::function<void()>& setup,
                             const std::function<void()>& teardown) {
-  if (args.child()) run_child(args, count, run, setup, teardown);
+  if (args.child()) {
+    run_here(args.from, args.report_fd, count, run, setup, teardown);
+    std::exit(0);
+  }
   IsolatedTotals totals;
+  // MPT_GPU_ISOLATION=0: every case in this one process, for a debugger (cuda-gdb) or a tool
+  // that should see a single process; a crash then ends the run, as before isolation.
+  if (const char* mode = std::getenv("MPT_GPU_ISOLATION"); mode && std::strcmp(mode, "0") == 0) {
+    const Harness harness = run_here(0, -1, count, run, setup, teardown);
+    totals.passed = harness.passed();
+    totals.failed = harness.failed();
+    return totals;
+  }
   int timeout_s = 45;
   if (const char* text = std::getenv("MPT_GPU_CASE_TIMEOUT_S"); text && std::atoi(text) > 0)
     timeout_s = std::atoi(text);

@@ -11,6 +11,7 @@
 // child goes on from I + 1. A child that reports nothing for MPT_GPU_CASE_TIMEOUT_S seconds
 // (default 45) is taken to hang in its case and killed, and the same follows: a spinning kernel
 // costs its case, not the rest of the table. The supervisor prints no totals; its caller does.
+// MPT_GPU_ISOLATION=0 runs every case in the first process instead (for cuda-gdb, say).
 #pragma once
 
 #include <functional>

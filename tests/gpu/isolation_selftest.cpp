@@ -72,5 +72,15 @@ int main(int argc, char** argv) {
   dying.rest = {"setup-dies"};
   failed += check("a runner that dies in its setup", run_isolated(dying, 8, name, table),
                   IsolatedTotals{0, 1, 0});
+  // MPT_GPU_ISOLATION=0, without the crashing cases (they would end this process): all in
+  // this one process, which its first case checks by the pid.
+  setenv("MPT_GPU_ISOLATION", "0", 1);
+  const pid_t self = getpid();
+  const auto in_process = [self](int i, Harness& h) {
+    if (i == 0) h.expect(getpid() == self, "MPT_GPU_ISOLATION=0: the case runs in this process");
+    if (i == 1) h.expect(false, "MPT_GPU_ISOLATION=0: a failing case", "as planned");
+  };
+  failed += check("MPT_GPU_ISOLATION=0", run_isolated(args, 2, name, in_process),
+                  IsolatedTotals{1, 1, 0});
   return failed == 0 ? 0 : 1;
 }
