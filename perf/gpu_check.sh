@@ -216,6 +216,15 @@ summary_body() {
            echo "trainer: not yet looked for" ;;
     esac
   fi
+  # The failed checks by name (a crashed or hung case among them), so that the table alone says
+  # what to look at; ctest -V prefixes each line with the test's number.
+  if [[ -f $build/ctest.log ]]; then
+    fails=$(grep -E '^[0-9]+:   FAIL  ' "$build/ctest.log" | sed 's/^[0-9]*:   FAIL  /  - /')
+    if [[ -n $fails ]]; then
+      echo "tests/gpu failures ($(wc -l <<<"$fails"); the first 12, all in ctest.log):"
+      head -12 <<<"$fails" | cut -c1-200
+    fi
+  fi
   echo
   echo "| model | precision | batch | mptrain nn::Model samples/s | mptrain-kernels samples/s | PyTorch samples/s | nn::Model / PyTorch | kernels / PyTorch |"
   echo "|---|---|---|---|---|---|---|---|"

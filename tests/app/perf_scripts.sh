@@ -80,6 +80,14 @@ mptrain-model model=flatten,dense:1024,relu,dense:1024,relu,dense:10 precision=f
 mptrain-kernels model=mlp precision=fp16 batch=8192 steps=50 samples_per_s=5000000.0
 LOG
 echo "pytorch model=mlp precision=fp16 batch=8192 steps=50 samples_per_s=4696919.0" >"$logs/pytorch_big.log"
+# ctest -V's lines of gpu_kernels: a passing check, a failing one and a crashed case.
+cat >"$logs/ctest.log" <<'LOG'
+1: case relu (relu.hpp)
+1:   ok    relu f32
+1:   FAIL  softmax_xent_forward loss [256x10]: got 1, want 2
+1:   FAIL  case conv2d crashed: signal 11 (Segmentation fault); the cases after it run in a new process
+1: 40 passed, 2 failed
+LOG
 rc=0
 (cd "$TMP" && timeout 20 bash "$REPO/perf/gpu_check.sh" --summary-only --build-dir "$logs") \
   >"$TMP/summary.txt" 2>"$TMP/summary.err" || rc=$?
@@ -93,6 +101,14 @@ for row in "| mlp | fp16 | 256 | 1097868.0 | 1326610.0 | 148571.0 | 7.39 | 8.93 
   grep -qxF -- "$row" "$TMP/summary.txt" && pass "summary row $row" ||
     { fail "summary lacks the row $row"; cat "$TMP/summary.txt" >&2; }
 done
+for line in "tests/gpu failures (2; the first 12, all in ctest.log):" \
+  "  - softmax_xent_forward loss [256x10]: got 1, want 2" \
+  "  - case conv2d crashed: signal 11 (Segmentation fault); the cases after it run in a new process"; do
+  grep -qxF -- "$line" "$TMP/summary.txt" && pass "summary names the failure: $line" ||
+    { fail "summary lacks the line $line"; cat "$TMP/summary.txt" >&2; }
+done
+grep -q "relu f32" "$TMP/summary.txt" && fail "summary lists a passing check" ||
+  pass "summary leaves the passing checks out"
 [[ ! -e $logs/gpu_check.txt && ! -e $logs/build.log ]] && pass "--summary-only writes nothing" ||
   fail "--summary-only wrote into the logs' folder"
 
