@@ -45,6 +45,21 @@ constexpr DType kFloatTypes[] = {DType::f32, DType::f16, DType::bf16};
 Tensor dev(const Tensor& host) { return host.to(Device::cuda); }
 std::string tag(DType dtype) { return std::string(" [") + dtype_name(dtype) + "]"; }
 
+// WHAT gives FIRST's bits in 20 more runs of AGAIN: a device reduction that added its partial
+// sums atomically, in the order they finish, would differ between some of them.
+template <class Again>
+void expect_same_bits(Harness& h, const std::string& what, double first, Again again) {
+  bool same = true;
+  double differing = first;
+  for (int run = 0; run < 20 && same; ++run) {
+    differing = again();
+    same = std::memcmp(&differing, &first, sizeof first) == 0;
+  }
+  char detail[96];
+  std::snprintf(detail, sizeof detail, "%.17g then %.17g", first, differing);
+  h.expect(same, what + " gives the same bits in 20 runs", detail);
+}
+
 // Sprinkles zeros, signed zeros, Inf and NaN, which every elementwise kernel must pass through.
 void plant_specials(Tensor& t) {
   const float specials[] = {0.f, -0.f, kInf, -kInf, kNaN, 1e-40f, -1e-40f, 7e4f, -7e4f};
@@ -402,18 +417,8 @@ void case_norm(Harness& h, Random& rng) {
   const Tensor xd = dev(x);
   const double first = kernels::sum_of_squares(xd);
   h.expect_near("sum_of_squares", first, kernels::sum_of_squares(x), {1e-12, 0});
-  // The same bits every time (the clip factor of every rank depends on them): a reduction
-  // that added the blocks' sums atomically, in the order they finish, would differ between
-  // some of these runs.
-  bool same = true;
-  double differing = first;
-  for (int run = 0; run < 20 && same; ++run) {
-    differing = kernels::sum_of_squares(xd);
-    same = std::memcmp(&differing, &first, sizeof first) == 0;
-  }
-  char detail[96];
-  std::snprintf(detail, sizeof detail, "%.17g then %.17g", first, differing);
-  h.expect(same, "sum_of_squares gives the same bits in 20 runs", detail);
+  // The same bits every time: the clip factor of every rank depends on them.
+  expect_same_bits(h, "sum_of_squares", first, [&] { return kernels::sum_of_squares(xd); });
 }
 
 namespace {
@@ -492,17 +497,9 @@ void case_softmax_xent(Harness& h, Random& rng) {
                   {1e-6, 0});
     h.expect_close("softmax_xent_forward_backward dlogits" + dims, dld, dl,
                    {1e-5, 1e-6 * grad_scale});
-    // The same loss bits every time (a resumed run's step records depend on them): rows added
-    // atomically, in the order their warps finish, would differ between some of these runs.
-    bool same = true;
-    double differing = got.loss_sum;
-    for (int run = 0; run < 20 && same; ++run) {
-      differing = kernels::softmax_xent_forward(logitsd, labelsd).loss_sum;
-      same = std::memcmp(&differing, &got.loss_sum, sizeof differing) == 0;
-    }
-    char detail[96];
-    std::snprintf(detail, sizeof detail, "%.17g then %.17g", got.loss_sum, differing);
-    h.expect(same, "softmax_xent_forward loss gives the same bits in 20 runs" + dims, detail);
+    // The same loss bits every time: a resumed run's step records depend on them.
+    expect_same_bits(h, "softmax_xent_forward loss" + dims, got.loss_sum,
+                     [&] { return kernels::softmax_xent_forward(logitsd, labelsd).loss_sum; });
   }
   // NaN logits: the host starts from column 0 and moves on only to a greater value, so a NaN past
   // column 0 never wins (row 0: the maximum sits in the NaN's lane, 32 columns on) and a NaN in
