@@ -59,23 +59,31 @@ cudaMemcpyKind copy_kind(Device dst, Device src) {
 
 bool cuda_built() { return true; }
 
+namespace {
+// The visible devices into COUNT (0 on failure), and cudaGetDeviceCount's status: no driver, a
+// driver older than this runtime, no device visible...
+cudaError_t count_devices(int& count) {
+  count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error for later calls
+    count = 0;
+  }
+  return status;
+}
+}  // namespace
+
 int cuda_device_count() {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no driver" error for later calls
-    return 0;
-  }
+  count_devices(count);
   return count;
 }
 
 std::string cuda_device_description() {
   int count = 0;
-  if (const cudaError_t status = cudaGetDeviceCount(&count); status != cudaSuccess) {
-    cudaGetLastError();
-    // Why there is none: no driver, a driver older than this runtime, no device visible...
-    return std::string("no CUDA device: cudaGetDeviceCount: ") + cudaGetErrorString(status);
-  }
-  if (count == 0) return "no CUDA device";
+  if (const cudaError_t status = count_devices(count); status != cudaSuccess)
+    return std::string("cudaGetDeviceCount: ") + cudaGetErrorString(status);
+  if (count == 0) return "cudaGetDeviceCount: 0 devices";
   int device = 0;
   cudaDeviceProp prop{};
   if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess)

@@ -17,7 +17,8 @@ bool cuda_built();
 // The number of CUDA devices this process can see; 0 without CUDA, a driver or a device (never
 // aborts: callers use it to skip GPU work).
 int cuda_device_count();
-// "NVIDIA H200 (sm_90, 139 GiB)" for the current device, or why there is none.
+// "NVIDIA H200 (sm_90, 139 GiB)" for the current device, or why there is none
+// ("cudaGetDeviceCount: <the runtime's error>", "no CUDA in this build").
 std::string cuda_device_description();
 // Makes DEVICE (0 <= DEVICE < cuda_device_count()) this process's current cuda device, for every
 // later allocation and launch. Throws UserError naming --device when it cannot (a build without

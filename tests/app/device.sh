@@ -39,6 +39,12 @@ if [ "$have_gpu" -eq 0 ]; then
   for np in 1 2; do
     refused "--device=cuda without a GPU np$np" "$np" "${train_args[@]}" --device=cuda --output.dir="$TMP/c$np"
   done
+  # Why there is none: the CUDA runtime's own words, or a build without CUDA.
+  if grep -Eq '^mptrain: error:.*(no CUDA device visible on .* \(cudaGetDeviceCount: [^)]+\)|this build has no CUDA)' "$TMP/err"; then
+    pass "the refusal says why: $(grep -Eo 'cudaGetDeviceCount: [^)]+|this build has no CUDA' "$TMP/err")"
+  else
+    fail "the refusal does not say why there is no device: $(cat "$TMP/err")"
+  fi
   # The environment cannot conjure a device either.
   CUDA_VISIBLE_DEVICES=0 refused "--device=cuda with CUDA_VISIBLE_DEVICES=0, np2" 2 \
     "${train_args[@]}" --device=cuda --output.dir="$TMP/cv"
