@@ -29,7 +29,6 @@ void report(int fd, const std::string& line) {
 // Cases FROM, ..., COUNT - 1 in this process, each reported to REPORT_FD (when >= 0).
 Harness run_here(int from, int report_fd, int count, const std::function<void(int, Harness&)>& run,
                  const std::function<void()>& setup, const std::function<void()>& teardown) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a crash keeps every line printed before it
   if (setup) setup();
   Harness harness;
   for (int i = from; i < count; ++i) {
@@ -45,6 +44,79 @@ Harness run_here(int from, int report_fd, int count, const std::function<void(in
   if (teardown) teardown();
   std::fflush(stdout);
   return harness;
+}
+
+// Forks and execs this program as the child that runs cases FROM, ..., reporting into the
+// write end of FDS (closed here after the fork).
+pid_t start_child(const IsolationArgs& args, int from, const int fds[2]) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t supervisor = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    std::perror("run_isolated: fork");
+    std::exit(2);
+  }
+  if (pid == 0) {
+    // A child outlives no supervisor (CTest's timeout kills only the process it started): one
+    // left behind would hold the GPU through the stages after it.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != supervisor) std::_Exit(127);
+    ::close(fds[0]);
+    std::vector<std::string> words{"/proc/self/exe"};
+    words.insert(words.end(), args.rest.begin(), args.rest.end());
+    words.insert(words.end(),
+                 {"--cases-from", std::to_string(from), "--report-fd", std::to_string(fds[1])});
+    std::vector<char*> argv;
+    for (auto& word : words) argv.push_back(word.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    std::perror("run_isolated: exec /proc/self/exe");
+    std::_Exit(127);
+  }
+  ::close(fds[1]);
+  return pid;
+}
+
+struct ChildReport {
+  int started = -1, ended = -1;  // the last case begun and the last finished
+  bool timed_out = false;        // killed after the time limit with no report
+};
+
+// The child's reports from FD until it closes it (or until TIMEOUT_S seconds pass with none:
+// then the child PID is killed), each finished case's counts added to TOTALS. Closes FD.
+ChildReport read_reports(int fd, pid_t pid, int timeout_s, IsolatedTotals& totals) {
+  ChildReport child;
+  std::string pending;  // a line not yet complete
+  for (;;) {
+    pollfd watch{fd, POLLIN, 0};
+    const int ready = ::poll(&watch, 1, timeout_s * 1000);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) {
+      child.timed_out = true;
+      ::kill(pid, SIGKILL);
+      break;
+    }
+    char chunk[256];
+    const ssize_t n = ready < 0 ? -1 : ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the child is gone (or the pipe failed): its status says how
+    pending.append(chunk, static_cast<std::size_t>(n));
+    for (std::size_t eol; (eol = pending.find('\n')) != std::string::npos;) {
+      const std::string line = pending.substr(0, eol);
+      pending.erase(0, eol + 1);
+      int index = 0, passed = 0, failed = 0;
+      if (std::sscanf(line.c_str(), "start %d", &index) == 1) {
+        child.started = index;
+      } else if (std::sscanf(line.c_str(), "end %d %d %d", &index, &passed, &failed) == 3) {
+        child.ended = index;
+        totals.passed += passed;
+        totals.failed += failed;
+      }
+    }
+  }
+  ::close(fd);
+  return child;
 }
 
 std::string how_it_ended(int status) {
@@ -80,6 +152,8 @@ IsolatedTotals run_isolated(const IsolationArgs& args, int count,
                             const std::function<void()>& setup,
                             const std::function<void()>& teardown) {
   if (args.child()) {
+    // Before the child's first output: a crash then keeps every line printed before it.
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);
     run_here(args.from, args.report_fd, count, run, setup, teardown);
     std::exit(0);
   }
@@ -102,76 +176,20 @@ IsolatedTotals run_isolated(const IsolationArgs& args, int count,
       std::perror("run_isolated: pipe");
       std::exit(2);
     }
-    std::fflush(stdout);
-    std::fflush(stderr);
-    const pid_t supervisor = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      std::perror("run_isolated: fork");
-      std::exit(2);
-    }
-    if (pid == 0) {
-      // A child outlives no supervisor (CTest's timeout kills only the process it started):
-      // one left behind would hold the GPU through the stages after it.
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != supervisor) std::_Exit(127);
-      ::close(fds[0]);
-      std::vector<std::string> words;
-      words.push_back("/proc/self/exe");
-      words.insert(words.end(), args.rest.begin(), args.rest.end());
-      words.insert(words.end(),
-                   {"--cases-from", std::to_string(next), "--report-fd", std::to_string(fds[1])});
-      std::vector<char*> argv;
-      for (auto& word : words) argv.push_back(word.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      std::perror("run_isolated: exec /proc/self/exe");
-      std::_Exit(127);
-    }
-    ::close(fds[1]);
-    int started = -1, ended = -1;
-    bool timed_out = false;
-    std::string pending;  // a line not yet complete
-    for (;;) {
-      // A case that reports nothing for the time limit is taken to hang, and killed.
-      pollfd watch{fds[0], POLLIN, 0};
-      const int ready = ::poll(&watch, 1, timeout_s * 1000);
-      if (ready < 0 && errno == EINTR) continue;
-      if (ready == 0) {
-        timed_out = true;
-        ::kill(pid, SIGKILL);
-        break;
-      }
-      char chunk[256];
-      const ssize_t n = ready < 0 ? -1 : ::read(fds[0], chunk, sizeof chunk);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;  // the child is gone (or the pipe failed): its status says how
-      pending.append(chunk, static_cast<std::size_t>(n));
-      for (std::size_t eol; (eol = pending.find('\n')) != std::string::npos;) {
-        const std::string line = pending.substr(0, eol);
-        pending.erase(0, eol + 1);
-        int index = 0, passed = 0, failed = 0;
-        if (std::sscanf(line.c_str(), "start %d", &index) == 1) {
-          started = index;
-        } else if (std::sscanf(line.c_str(), "end %d %d %d", &index, &passed, &failed) == 3) {
-          ended = index;
-          totals.passed += passed;
-          totals.failed += failed;
-        }
-      }
-    }
-    ::close(fds[0]);
+    const pid_t pid = start_child(args, next, fds);
+    const ChildReport child = read_reports(fds[0], pid, timeout_s, totals);
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
     std::fflush(stdout);
+    const int started = child.started, ended = child.ended;
     if (started >= 0 && started != ended) {
       // Died inside case STARTED: one failure, and the next child goes on after it.
       ++totals.failed;
       ++totals.crashed;
-      const std::string how = timed_out ? "no result in " + std::to_string(timeout_s) +
-                                              " s (MPT_GPU_CASE_TIMEOUT_S), killed"
-                                        : how_it_ended(status);
+      const std::string how = child.timed_out ? "no result in " + std::to_string(timeout_s) +
+                                                    " s (MPT_GPU_CASE_TIMEOUT_S), killed"
+                                              : how_it_ended(status);
       std::printf("  FAIL  %s crashed: %s; the cases after it run in a new process\n",
                   name(started).c_str(), how.c_str());
       next = started + 1;
@@ -182,7 +200,7 @@ IsolatedTotals run_isolated(const IsolationArgs& args, int count,
     ++totals.failed;
     std::printf("  FAIL  the case runner ended after %d of %d cases: %s\n", ended + 1, count,
                 how_it_ended(status).c_str());
-    if (ended + 1 <= next) break;  // no case ran: another child would end the same way
+    if (ended < next) break;  // no case ran: another child would end the same way
     next = ended + 1;
   }
   return totals;
