@@ -189,7 +189,7 @@ rate() {
     | grep -m1 -F -- "${6:-}" | field samples_per_s
 }
 summary_body() {
-  local not_started
+  local not_started fails
   if ((summary_only)); then
     echo "GPU check summary of the logs in $build, rewritten $(date -u '+%Y-%m-%d %H:%M UTC')" \
       "(--summary-only: the GPU, the tests' counts and the trainer's source are not in the logs)"

@@ -128,8 +128,9 @@ inline const StepState* step_state_on_device(const char* op, const Tensor& state
 //
 // softmax_xent.cu: a warp per row of LOGITS, adding the rows' loss into LOSS_SUM (through
 // block_sums_scratch, in a fixed order), their hits into CORRECT_COUNT or CORRECT_SUM
-// (whichever is not null), and atomicMin-ing a bad label's row into FIRST_BAD_ROW. With LOSS_SCALE the gradient scale is GRAD_SCALE * float(*LOSS_SCALE),
-// the product taken in f32 on the device.
+// (whichever is not null), and atomicMin-ing a bad label's row into FIRST_BAD_ROW. With
+// LOSS_SCALE the gradient scale is GRAD_SCALE * float(*LOSS_SCALE), the product taken in f32 on
+// the device.
 struct XentTargets {
   double* loss_sum = nullptr;
   unsigned long long* correct_count = nullptr;
