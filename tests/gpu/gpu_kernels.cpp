@@ -60,7 +60,5 @@ int main(int argc, char** argv) {
       {}, {});
 #endif
   std::printf("%d pending (host-only)\n", pending);
-  if (totals.crashed > 0) std::printf("%d case(s) crashed\n", totals.crashed);
-  std::printf("%d passed, %d failed\n", totals.passed, totals.failed);
-  return totals.failed == 0 ? 0 : 1;
+  return print_totals(totals);
 }

@@ -455,7 +455,5 @@ int main(int argc, char** argv) {
 #else
       {}, {});
 #endif
-  if (totals.crashed > 0) std::printf("%d case(s) crashed\n", totals.crashed);
-  std::printf("%d passed, %d failed\n", totals.passed, totals.failed);
-  return totals.failed == 0 ? 0 : 1;
+  return print_totals(totals);
 }

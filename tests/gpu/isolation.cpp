@@ -206,4 +206,10 @@ IsolatedTotals run_isolated(const IsolationArgs& args, int count,
   return totals;
 }
 
+int print_totals(const IsolatedTotals& totals) {
+  if (totals.crashed > 0) std::printf("%d case(s) crashed\n", totals.crashed);
+  std::printf("%d passed, %d failed\n", totals.passed, totals.failed);
+  return totals.failed == 0 ? 0 : 1;
+}
+
 }  // namespace mpt::gpu_test

@@ -44,4 +44,8 @@ IsolatedTotals run_isolated(const IsolationArgs& args, int count,
                             const std::function<void()>& setup = {},
                             const std::function<void()>& teardown = {});
 
+// Prints TOTALS as the last lines ("K case(s) crashed" when any did, then "N passed, M
+// failed", which perf/gpu_check.sh reads) and returns main's exit status: 0 when none failed.
+int print_totals(const IsolatedTotals& totals);
+
 }  // namespace mpt::gpu_test
