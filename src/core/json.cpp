@@ -1,6 +1,7 @@
 // JSON serialisation for the run's output files (see json.hpp).
 #include "core/json.hpp"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 
@@ -44,9 +45,12 @@ JsonObject& JsonObject::add(const std::string& key, double value) {
   if (!std::isfinite(value)) {
     body_ += "null";  // JSON has no NaN or Inf
   } else {
+    // The shortest text that reads back as the same double. A fixed "%.9g" rounded twice: a
+    // reader that narrows the text to float (as TensorBoard's records do) could land one ulp
+    // away from the float the trainer wrote beside it.
     char buffer[32];
-    std::snprintf(buffer, sizeof(buffer), "%.9g", value);
-    body_ += buffer;
+    const auto written = std::to_chars(buffer, buffer + sizeof(buffer), value);
+    body_.append(buffer, written.ptr);
   }
   return *this;
 }
