@@ -214,10 +214,6 @@ double bench_mlp(DType dtype, std::int64_t batch, int steps, int warmup) {
 double bench_model(const std::string& name, DType dtype, std::int64_t batch, int steps,
                    int warmup, bool graphs) {
   nn::Model model = nn::Model::build(name, {1, 28, 28}, 10, dtype, Device::cuda);
-  // As the trainer refuses --cuda.graphs: a replay would reuse the captured dropout mask.
-  if (graphs && !model.graph_blocker().empty())
-    throw_user_error("--graphs: model '" + name + "' cannot be captured: " + model.graph_blocker(),
-                     "drop --graphs for this model");
   model.init_params(42);
   model.plan(batch);
   optim::SgdOptions options;
@@ -324,6 +320,15 @@ int run(int argc, char** argv) {
               "--graphs: the compute stream is the legacy default stream "
               "(MPTRAIN_CUDA_LEGACY_STREAM=1), which CUDA graphs cannot capture",
               "unset MPTRAIN_CUDA_LEGACY_STREAM, or drop --graphs");
+  {
+    // The model as a host model first, so a bad spec, or --graphs on a model that cannot be
+    // captured, is refused before the device is looked for (and so on a machine without one).
+    // As the trainer refuses --cuda.graphs: a replay would reuse the captured dropout mask.
+    const nn::Model probe = nn::Model::build(model, {1, 28, 28}, 10, DType::f32, Device::cpu);
+    if (graphs && !probe.graph_blocker().empty())
+      throw_user_error("--graphs: model '" + model + "' cannot be captured: " + probe.graph_blocker(),
+                       "drop --graphs for this model");
+  }
   if (device_memory::cuda_device_count() == 0) {
     std::printf("gpu_bench: SKIPPED: no CUDA device (%s)\n", device_memory::cuda_device_description().c_str());
     return 0;
