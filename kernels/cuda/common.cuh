@@ -140,10 +140,16 @@ struct XentTargets {
 };
 void launch_softmax_xent(const char* op, const Tensor& logits, const Tensor& labels,
                          Tensor* dlogits, float grad_scale, const XentTargets& targets);
+// Its checks alone (no device call), for a caller that touches the device before it launches.
+void check_softmax_xent(const char* op, const Tensor& logits, const Tensor& labels,
+                        const Tensor* dlogits);
 // unscale_check.cu: OUTPUTS[i] = INPUTS[i] * INV_SCALE, or * float(1.0 / *LOSS_SCALE) when
 // LOSS_SCALE is given; any non-finite input stores 1 into FLAG (never 0: the caller clears it).
 void launch_unscale_check(const char* op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
                           float inv_scale, const double* loss_scale, int* flag);
+// Its checks alone (every bucket, with no device call), for a caller that touches the device
+// before it launches.
+void check_unscale_check(const char* op, std::span<const Tensor> inputs, std::span<Tensor> outputs);
 // norm.cu: adds the sum of squares of VALUES[0, N) in double into *TOTAL (which the caller
 // zeroes), in an order fixed by N and the device; with SKIP, nothing when *SKIP != 0 (read on
 // the device).

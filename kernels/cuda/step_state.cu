@@ -81,6 +81,7 @@ void softmax_xent_step(const Tensor& logits, const Tensor& labels, Tensor& dlogi
                        float grad_scale, Tensor& state) {
   constexpr const char* op = "kernels::cuda::softmax_xent_step";
   StepState* s = step_state_on_device(op, state);
+  check_softmax_xent(op, logits, labels, &dlogits);  // before the scratch is touched
   // This micro-batch's first bad row, in the scratch (stream-ordered, like every user of it).
   auto* batch_bad_row = static_cast<unsigned long long*>(reduction_scratch());
   MPT_CHECK_CUDA(cudaMemsetAsync(batch_bad_row, 0xff, sizeof *batch_bad_row, stream()));

@@ -50,11 +50,27 @@ __global__ void unscale_check_kernel(Buckets buckets, float inv_scale, const dou
 
 }  // namespace
 
-void launch_unscale_check(const char* op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
-                          float inv_scale, const double* loss_scale, int* flag) {
+// Every bucket checked before any launch, and before the caller's memset of the flag: a bad
+// bucket ends the job without a partial launch, and without touching the device.
+void check_unscale_check(const char* op, std::span<const Tensor> inputs,
+                         std::span<Tensor> outputs) {
   if (inputs.size() != outputs.size())
     abort_job(std::string(op) + ": " + std::to_string(inputs.size()) + " inputs but " +
               std::to_string(outputs.size()) + " outputs");
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& input = inputs[i];
+    const Tensor& output = outputs[i];
+    require_cuda(op, "outputs must be f32 on the cuda device", output, DType::f32);
+    detail::require(input.defined() && input.device() == Device::cuda && is_float_dtype(input.dtype()),
+                    op, "inputs must be f32, f16 or bf16 on the cuda device", input);
+    detail::require_pair(input.numel() == output.numel(), op,
+                         "each output must hold as many elements as its input", input, output);
+  }
+}
+
+void launch_unscale_check(const char* op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
+                          float inv_scale, const double* loss_scale, int* flag) {
+  check_unscale_check(op, inputs, outputs);
   Buckets pack{};
   std::int64_t blocks = 0;
   const auto flush = [&] {
@@ -69,11 +85,6 @@ void launch_unscale_check(const char* op, std::span<const Tensor> inputs, std::s
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& input = inputs[i];
     Tensor& output = outputs[i];
-    require_cuda(op, "outputs must be f32 on the cuda device", output, DType::f32);
-    detail::require(input.defined() && input.device() == Device::cuda && is_float_dtype(input.dtype()),
-                    op, "inputs must be f32, f16 or bf16 on the cuda device", input);
-    detail::require_pair(input.numel() == output.numel(), op,
-                         "each output must hold as many elements as its input", input, output);
     if (input.numel() == 0) continue;
     if (pack.count == kMaxBuckets) flush();
     const int from = input.dtype() == DType::f32 ? 0 : input.dtype() == DType::f16 ? 1 : 2;
@@ -85,6 +96,7 @@ void launch_unscale_check(const char* op, std::span<const Tensor> inputs, std::s
 
 bool unscale_and_check(std::span<const Tensor> inputs, std::span<Tensor> outputs, float inv_scale) {
   constexpr const char* op = "kernels::cuda::unscale_and_check";
+  check_unscale_check(op, inputs, outputs);
   auto* flag = static_cast<int*>(reduction_scratch());
   MPT_CHECK_CUDA(cudaMemsetAsync(flag, 0, sizeof(int), stream()));
   launch_unscale_check(op, inputs, outputs, inv_scale, nullptr, flag);

@@ -87,8 +87,9 @@ void batchnorm_sums(const Tensor& x, std::int64_t channels, Tensor& sums) {
   constexpr const char* op = "kernels::batchnorm_sums";
   check_batch(op, "x must be [N, C, ...] f32, f16 or bf16 on the host", x, channels);
   kernels::detail::require(
-      sums.defined() && sums.dtype() == DType::f32 && sums.numel() >= 2 * channels, op,
-      "sums must be f32 with at least 2C elements", sums);
+      sums.defined() && sums.dtype() == DType::f32 && sums.device() == Device::cpu &&
+          sums.numel() >= 2 * channels,
+      op, "sums must be f32 on the host with at least 2C elements", sums);
   const Layout l = layout(x, channels);
   const std::int64_t batch = x.dim(0);
   const void* in = x.raw();
@@ -153,8 +154,9 @@ void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, std::int64_t cha
   check_channels(op, "mean must be f32 [C]", mean, channels);
   check_channels(op, "invstd must be f32 [C]", invstd, channels);
   kernels::detail::require(
-      sums.defined() && sums.dtype() == DType::f32 && sums.numel() >= 2 * channels, op,
-      "sums must be f32 with at least 2C elements", sums);
+      sums.defined() && sums.dtype() == DType::f32 && sums.device() == Device::cpu &&
+          sums.numel() >= 2 * channels,
+      op, "sums must be f32 on the host with at least 2C elements", sums);
   const Layout l = layout(x, channels);
   const std::int64_t batch = x.dim(0);
   const void* in = x.raw();

@@ -223,8 +223,8 @@ void round_and_widen(const Tensor& src, Tensor& rounded, Tensor& widened) {
 
 void cast(const Tensor& src, Tensor& dst) {
   static const std::string label = "kernels::cast";
-  detail::require(src.defined() && is_float_storage(src.dtype()), "kernels::cast",
-                  "src must be f32, f16 or bf16", src);
+  detail::require(src.defined() && is_float_storage(src.dtype()) && src.device() == Device::cpu,
+                  "kernels::cast", "src must be f32, f16 or bf16 on the host", src);
   detail::require(dst.defined() && is_float_storage(dst.dtype()), "kernels::cast",
                   "dst must be f32, f16 or bf16", dst);
   // Dispatch follows src: a device dst here would be written through a host pointer.

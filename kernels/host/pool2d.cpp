@@ -83,8 +83,10 @@ void max_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor& y) {
 void max_pool2d_backward(const Tensor& x, const Pool2dGeometry& g, const Tensor& dy, Tensor& dx) {
   static const std::string label = "kernels::max_pool2d_backward";
   const std::int64_t planes = check_planes("kernels::max_pool2d_backward", x, g, dy);
-  detail::require_pair(dx.defined() && dx.dtype() == DType::f32 && dx.numel() == x.numel(),
-                       "kernels::max_pool2d_backward", "dx must be f32 shaped like x", x, dx);
+  detail::require_pair(dx.defined() && dx.dtype() == DType::f32 && dx.device() == Device::cpu &&
+                           dx.numel() == x.numel(),
+                       "kernels::max_pool2d_backward", "dx must be f32 on the host shaped like x",
+                       x, dx);
   const float* in = x.data<float>();
   const float* grad_out = dy.data<float>();
   float* grad_in = dx.data<float>();
