@@ -1,8 +1,16 @@
 // The tests/gpu harness (see harness.hpp).
 #include "tests/gpu/harness.hpp"
 
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/half.hpp"
@@ -12,17 +20,66 @@
 namespace mpt::gpu_test {
 
 void Harness::record(bool ok, const std::string& what, const std::string& detail) {
-  if (ok) {
-    ++passed_;
-    std::printf("  ok    %s\n", what.c_str());
-  } else {
-    ++failed_;
-    std::printf("  FAIL  %s: %s\n", what.c_str(), detail.c_str());
-  }
+  ++(ok ? passed_ : failed_);
+  if (print_ && ok) std::printf("  ok    %s\n", what.c_str());
+  if (print_ && !ok) std::printf("  FAIL  %s: %s\n", what.c_str(), detail.c_str());
 }
 
 void Harness::expect(bool ok, const std::string& what, const std::string& detail) {
   record(ok, what, detail);
+}
+
+void Harness::expect_fatal(const std::string& what, const std::string& needle,
+                           const std::function<void()>& fn) {
+  int fds[2];
+  if (pipe(fds) != 0) return record(false, what, std::string("pipe: ") + std::strerror(errno));
+  std::fflush(stdout);  // the child's exit flushes its copy of these buffers
+  std::fflush(stderr);
+  const pid_t child = fork();
+  if (child < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return record(false, what, std::string("fork: ") + std::strerror(errno));
+  }
+  if (child == 0) {
+    close(fds[0]);
+    dup2(fds[1], STDERR_FILENO);
+    dup2(fds[1], STDOUT_FILENO);
+    fn();
+    std::_Exit(0);  // FN returned: nothing was refused
+  }
+  close(fds[1]);
+  std::string output;
+  bool timed_out = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    pollfd pfd{fds[0], POLLIN, 0};
+    if (left.count() <= 0 || poll(&pfd, 1, static_cast<int>(left.count())) == 0) {
+      timed_out = true;
+      kill(child, SIGKILL);
+      break;
+    }
+    char buffer[512];
+    const ssize_t got = read(fds[0], buffer, sizeof buffer);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    output.append(buffer, static_cast<std::size_t>(got));
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  while (!output.empty() && output.back() == '\n') output.pop_back();
+  const bool ended = !timed_out && WIFEXITED(status) && WEXITSTATUS(status) == 3;
+  const bool named = output.find(needle) != std::string::npos;
+  std::string detail =
+      timed_out ? "still running after 10 s"
+      : WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+      : "exit status " + std::to_string(WEXITSTATUS(status));
+  detail += ", wanted 3 and \"" + needle + "\"; printed: " + (output.empty() ? "nothing" : output);
+  record(ended && named, what + " is refused", ended && named ? "" : detail);
 }
 
 void Harness::expect_near(const std::string& what, double got, double want, Tolerance tol) {

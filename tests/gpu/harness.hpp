@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,8 @@ inline constexpr Tolerance kMatmulBf16Out{8e-3, 1e-6};      // + the bf16 roundi
 
 class Harness {
  public:
+  // PRINT false: count only, for a harness that tests the harness (its FAILs are expected).
+  explicit Harness(bool print = true) : print_(print) {}
   // Compares any two float tensors (either device, f32/f16/bf16: widened to f32 first).
   void expect_close(const std::string& what, const Tensor& got, const Tensor& want, Tolerance tol,
                     const Tensor* scale = nullptr);
@@ -34,11 +37,18 @@ class Harness {
   void expect_same_bytes(const std::string& what, const Tensor& got, const Tensor& want);
   void expect(bool ok, const std::string& what, const std::string& detail = "");
   void expect_near(const std::string& what, double got, double want, Tolerance tol);
+  // Runs FN in a forked child and expects it to end the job as a kernel precondition does
+  // (abort_job: exit status 3) with a message containing NEEDLE, within 10 s. FN must make no
+  // CUDA call: a forked child cannot use its parent's context. The launchers check their
+  // inputs before they touch the device, so a refused call makes none.
+  void expect_fatal(const std::string& what, const std::string& needle,
+                    const std::function<void()>& fn);
   int passed() const { return passed_; }
   int failed() const { return failed_; }
 
  private:
   void record(bool ok, const std::string& what, const std::string& detail);
+  bool print_;
   int passed_ = 0, failed_ = 0;
 };
 

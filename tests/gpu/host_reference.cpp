@@ -3,10 +3,12 @@
 // instead of Kokkos, a blocked matmul instead of BLAS/oneDNN), so this is their test.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "kernels/cast.hpp"
 #include "kernels/finite.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/norm.hpp"
@@ -84,6 +86,24 @@ void check_reductions(Harness& h, Random& rng) {
            std::to_string(stats.correct) + " vs " + std::to_string(correct));
 }
 
+// Harness::expect_fatal, which the device cases use for the launchers' refusals of tensors on the
+// wrong device: a host kernel's refusal passes it; a call that returns, ends otherwise or says
+// something else fails it.
+void check_expect_fatal(Harness& h) {
+  const Tensor src({5}, DType::f32);
+  Tensor bad_dst({5}, DType::i32);
+  h.expect_fatal("host cast into an i32 dst", "kernels::cast: dst must be f32, f16 or bf16",
+                 [&] { kernels::cast(src, bad_dst); });
+  Harness inner(false);
+  Tensor dst({5}, DType::f16);
+  inner.expect_fatal("a cast that works", "kernels::cast", [&] { kernels::cast(src, dst); });
+  inner.expect_fatal("another exit status", "", [] { std::_Exit(1); });
+  inner.expect_fatal("another message", "no such message", [&] { kernels::cast(src, bad_dst); });
+  h.expect(inner.failed() == 3 && inner.passed() == 0,
+           "expect_fatal fails a call that returns, exits 1, or names something else",
+           std::to_string(inner.failed()) + " of 3 failed");
+}
+
 }  // namespace
 }  // namespace mpt::gpu_test
 
@@ -96,6 +116,7 @@ int main(int argc, char** argv) {
     mpt::gpu_test::Random rng(7);
     mpt::gpu_test::check_matmul(harness, rng);
     mpt::gpu_test::check_reductions(harness, rng);
+    mpt::gpu_test::check_expect_fatal(harness);
   }
 #ifdef MPTRAIN_HAVE_KOKKOS
   Kokkos::finalize();

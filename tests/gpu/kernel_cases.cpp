@@ -201,6 +201,14 @@ void case_cast(Harness& h, Random& rng) {
     h.expect_close("round_and_widen rounded" + tag(to), roundedd, rounded, kExact);
     h.expect_close("round_and_widen widened" + tag(to), widenedd, widened, kExact);
   }
+  // Dispatch follows src: the other side's device is each twin's own check, one line and exit 3
+  // rather than a write through the wrong kind of pointer.
+  const Tensor src({64}, DType::f32), srcd({64}, DType::f32, Device::cuda);
+  Tensor dst({64}, DType::f16), dstd({64}, DType::f16, Device::cuda);
+  h.expect_fatal("cast host -> cuda dst", "kernels::cast: dst must be on the host",
+                 [&] { kernels::cast(src, dstd); });
+  h.expect_fatal("cast cuda -> host dst", "kernels::cuda::cast: dst must be f32, f16 or bf16 on the cuda device",
+                 [&] { kernels::cast(srcd, dst); });
 }
 
 void case_copy(Harness& h, Random& rng) {
@@ -242,6 +250,15 @@ void case_add(Harness& h, Random& rng) {
 }
 
 void case_pool2d(Harness& h, Random& rng) {
+  {
+    // Dispatch follows x: the host backward refuses a cuda dx rather than write through it.
+    const kernels::Pool2dGeometry g{4, 4, 2, 2, 2};
+    const Tensor x({1, 1, 4, 4}, DType::f32), dy({1, 1, 2, 2}, DType::f32);
+    Tensor dxd({1, 1, 4, 4}, DType::f32, Device::cuda);
+    h.expect_fatal("max_pool2d_backward on the host into a cuda dx",
+                   "kernels::max_pool2d_backward: dx must be f32 on the host",
+                   [&] { kernels::max_pool2d_backward(x, g, dy, dxd); });
+  }
   struct Geometry {
     std::int64_t batch, channels, height, width, kernel_h, kernel_w, stride;
   };
@@ -467,9 +484,42 @@ void case_unscale_check(Harness& h, Random& rng) {
     }
     h.expect(same, label + ": unscaled values identical", "some bucket differs");
   }
+  // Dispatch follows inputs[0]: a later bucket or an output on the other device is refused, on
+  // the device before the flag is cleared or any bucket launched.
+  {
+    std::vector<Tensor> in{Tensor({64}, DType::f16), Tensor({64}, DType::f16, Device::cuda)};
+    std::vector<Tensor> out{Tensor({64}, DType::f32), Tensor({64}, DType::f32)};
+    h.expect_fatal("unscale_and_check with a cuda input after a host one",
+                   "kernels::unscale_and_check: inputs must be f32, f16 or bf16 on the host",
+                   [&] { kernels::unscale_and_check(in, out, 1.f); });
+    std::vector<Tensor> ind{Tensor({64}, DType::f16, Device::cuda), Tensor({64}, DType::f16)};
+    std::vector<Tensor> outd{Tensor({64}, DType::f32, Device::cuda),
+                             Tensor({64}, DType::f32, Device::cuda)};
+    h.expect_fatal("unscale_and_check with a host input after a cuda one",
+                   "kernels::cuda::unscale_and_check: inputs must be f32, f16 or bf16 on the cuda device",
+                   [&] { kernels::unscale_and_check(ind, outd, 1.f); });
+    std::vector<Tensor> ind2{Tensor({64}, DType::f16, Device::cuda)};
+    std::vector<Tensor> outh{Tensor({64}, DType::f32)};
+    h.expect_fatal("unscale_and_check into a host output",
+                   "kernels::cuda::unscale_and_check: outputs must be f32 on the cuda device",
+                   [&] { kernels::unscale_and_check(ind2, outh, 1.f); });
+  }
 }
 
 void case_softmax_xent(Harness& h, Random& rng) {
+  {
+    // Dispatch follows logits: the device twin refuses host labels or dlogits before it clears
+    // its scratch.
+    const Tensor logitsd({4, 10}, DType::f32, Device::cuda), labels({4}, DType::i32);
+    Tensor dlogits({4, 10}, DType::f32);
+    const Tensor labelsd = dev(labels);
+    h.expect_fatal("softmax_xent_forward on the device with host labels",
+                   "kernels::cuda::softmax_xent_forward: labels must be 1-D int32 on the cuda device",
+                   [&] { kernels::softmax_xent_forward(logitsd, labels); });
+    h.expect_fatal("softmax_xent_forward_backward on the device into a host dlogits",
+                   "kernels::cuda::softmax_xent_forward_backward: dlogits must be f32 on the cuda device",
+                   [&] { kernels::softmax_xent_forward_backward(logitsd, labelsd, dlogits, 1.f); });
+  }
   // 20000 rows are more than blocks_for's cap of blocks holds at 8 rows a block on any GPU made
   // so far (8 blocks per SM): warps there take several rows of the grid-stride loop.
   for (auto [batch, classes] :
@@ -525,6 +575,16 @@ void case_softmax_xent(Harness& h, Random& rng) {
 }
 
 void case_step_state(Harness& h, Random& rng) {
+  {
+    // The step's loss on the device refuses a host dlogits before it clears its scratch.
+    const Tensor logitsd({4, 10}, DType::f32, Device::cuda);
+    const Tensor labelsd = dev(Tensor({4}, DType::i32));
+    Tensor dlogits({4, 10}, DType::f32);
+    Tensor state = kernels::step_state_tensor(kernels::StepState{}, Device::cuda);
+    h.expect_fatal("softmax_xent_step on the device into a host dlogits",
+                   "kernels::cuda::softmax_xent_step: dlogits must be f32 on the cuda device",
+                   [&] { kernels::softmax_xent_step(logitsd, labelsd, dlogits, 1.f, state); });
+  }
   using kernels::StepState;
   // begin_step clears what the last step left and keeps the scaler's and the optimizer's fields.
   {
@@ -856,6 +916,21 @@ void case_sgd(Harness& h, Random& rng) {
         h.expect_same_bytes(label + ": working copy untouched", rd, Tensor({kN}, DType::f16));
       }
     }
+  // Dispatch follows params: a working copy on the other device is refused.
+  Tensor p({64}, DType::f32), g({64}, DType::f32), buf({64}, DType::f32);
+  Tensor pd({64}, DType::f32, Device::cuda), gd({64}, DType::f32, Device::cuda),
+      bufd({64}, DType::f32, Device::cuda);
+  Tensor r({64}, DType::f16), w({64}, DType::f32);
+  Tensor rd({64}, DType::f16, Device::cuda), wd({64}, DType::f32, Device::cuda);
+  h.expect_fatal("sgd_update on the host into a cuda working copy",
+                 "kernels::sgd_update: rounded must be on the host",
+                 [&] { kernels::sgd_update(p, g, buf, 0.1f, 0.9f, 0.f, false, false, &rd, &w); });
+  h.expect_fatal("sgd_update on the device into a host working copy",
+                 "kernels::cuda::sgd_update: rounded must be f16 or bf16 on the cuda device",
+                 [&] { kernels::sgd_update(pd, gd, bufd, 0.1f, 0.9f, 0.f, false, false, &r, &wd); });
+  h.expect_fatal("sgd_update on the device with host grads",
+                 "kernels::cuda::sgd_update: grads must be f32 on the cuda device",
+                 [&] { kernels::sgd_update(pd, g, bufd, 0.1f, 0.9f, 0.f, false, false, nullptr, nullptr); });
 }
 
 void case_adamw(Harness& h, Random& rng) {
@@ -918,6 +993,13 @@ void case_adamw(Harness& h, Random& rng) {
       h.expect_same_bytes(label + ": working copy untouched", rd, Tensor({kN}, DType::bf16));
     }
   }
+  // Dispatch follows params: a working copy on the other device is refused.
+  Tensor p({64}, DType::f32), g({64}, DType::f32), m({64}, DType::f32), v({64}, DType::f32);
+  Tensor r({64}, DType::bf16, Device::cuda), w({64}, DType::f32);
+  kernels::AdamwStep step;
+  h.expect_fatal("adamw_update on the host into a cuda working copy",
+                 "kernels::adamw_update: rounded must be on the host",
+                 [&] { kernels::adamw_update(p, g, m, v, nullptr, step, &r, &w); });
 }
 
 void case_matmul(Harness& h, Random& rng) {
@@ -1284,6 +1366,14 @@ void batchnorm_coefs_cases(Harness& h, Random& rng) {
 }  // namespace
 
 void case_batchnorm(Harness& h, Random& rng) {
+  {
+    // Dispatch follows x: the host sums refuse a cuda output rather than write through it.
+    const Tensor x({2, 3, 4, 4}, DType::f32);
+    Tensor sumsd({7}, DType::f32, Device::cuda);
+    h.expect_fatal("batchnorm_sums on the host into cuda sums",
+                   "kernels::batchnorm_sums: sums must be f32 on the host",
+                   [&] { kernels::batchnorm_sums(x, 3, sumsd); });
+  }
   // BatchNorm1d ([N, C]: 1x1 planes) and 2d planes, one to eight samples, one to 16 channels,
   // the storage dtypes in a Latin square over (samples, channels, plane), the outputs in another.
   // Values near 100 with a spread of 1: E[x^2] - mean^2 cancels about four digits, the case the
