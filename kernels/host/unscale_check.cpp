@@ -37,10 +37,11 @@ bool unscale_and_check(std::span<const Tensor> inputs, std::span<Tensor> outputs
   if (inputs.size() != outputs.size())
     abort_job("kernels::unscale_and_check: " + std::to_string(inputs.size()) + " inputs but " +
               std::to_string(outputs.size()) + " outputs");
-  bool all_finite = true;
+  // Every bucket checked before any is written, as on the device: a bad bucket ends the job
+  // with the earlier outputs untouched.
   for (std::size_t b = 0; b < inputs.size(); ++b) {
     const Tensor& input = inputs[b];
-    Tensor& output = outputs[b];
+    const Tensor& output = outputs[b];
     detail::require_host_f32("kernels::unscale_and_check", "outputs must be f32 on the host",
                              output);
     detail::require_pair(input.numel() == output.numel(), "kernels::unscale_and_check",
@@ -51,6 +52,12 @@ bool unscale_and_check(std::span<const Tensor> inputs, std::span<Tensor> outputs
                         input.device() == Device::cpu,
                     "kernels::unscale_and_check", "inputs must be f32, f16 or bf16 on the host",
                     input);
+  }
+  bool all_finite = true;
+  for (std::size_t b = 0; b < inputs.size(); ++b) {
+    const Tensor& input = inputs[b];
+    Tensor& output = outputs[b];
+    const DType from = input.dtype();
     const auto* in16 = static_cast<const std::uint16_t*>(input.raw());
     float* out = output.data<float>();
     // A 16-bit chunk is widened into its output chunk first and then scaled there in place.

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <vector>
 
+#include "core/error.hpp"
 #include "core/half.hpp"
 #include "kernels/unscale_check.hpp"
 
@@ -48,6 +50,37 @@ TEST(UnscaleAndCheck, WidensHalfAndBFloat16) {
   EXPECT_EQ(outputs[1].data<float>()[1], 128.f);
   inputs[0].data<Half>()[1] = Half{0x7c00};  // +Inf in fp16
   EXPECT_FALSE(kernels::unscale_and_check(inputs, outputs, 0.25f));
+}
+
+// A bad bucket ends the job before any bucket is written (as on the device, where the flag is not
+// even cleared): the abort hook, which runs after the fatal line and before the job ends, counts the elements of the first
+// output that no longer hold their -1. "threadsafe": the child re-runs this binary up to the
+// test, with its own MPI singleton.
+const float* g_first_output = nullptr;
+std::int64_t g_first_output_n = 0;
+
+TEST(UnscaleAndCheckDeathTest, ABadBucketEndsTheJobBeforeAnyIsWritten) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  std::vector<Tensor> inputs{Tensor({1000}, DType::f32), Tensor({8}, DType::f32)};
+  std::vector<Tensor> outputs{Tensor({1000}, DType::f32), Tensor({7}, DType::f32)};
+  for (std::int64_t i = 0; i < 1000; ++i) {
+    inputs[0].data<float>()[i] = 1024.f;
+    outputs[0].data<float>()[i] = -1.f;
+  }
+  g_first_output = outputs[0].data<float>();
+  g_first_output_n = outputs[0].numel();
+  EXPECT_EXIT(
+      {
+        set_abort_hook([] {
+          std::int64_t written = 0;
+          for (std::int64_t i = 0; i < g_first_output_n; ++i) written += g_first_output[i] != -1.f;
+          std::fprintf(stderr, "first output: %lld written\n", static_cast<long long>(written));
+        });
+        kernels::unscale_and_check(inputs, outputs, 1.f / 1024.f);
+      },
+      testing::ExitedWithCode(3),
+      "kernels::unscale_and_check: each output must hold as many elements as its input.*"
+      "first output: 0 written");
 }
 
 }  // namespace
