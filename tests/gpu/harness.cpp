@@ -2,6 +2,7 @@
 #include "tests/gpu/harness.hpp"
 
 #include <poll.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,9 +44,16 @@ void Harness::expect_fatal(const std::string& what, const std::string& needle,
   }
   if (child == 0) {
     close(fds[0]);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlives the case that forked it
     dup2(fds[1], STDERR_FILENO);
     dup2(fds[1], STDOUT_FILENO);
-    fn();
+    // Whatever FN does, the child ends here: unwinding into the rest of the case would run it
+    // twice, and would write on the isolation runner's report pipe, which the child inherits.
+    try {
+      fn();
+    } catch (...) {
+      std::_Exit(4);
+    }
     std::_Exit(0);  // FN returned: nothing was refused
   }
   close(fds[1]);
@@ -56,7 +64,9 @@ void Harness::expect_fatal(const std::string& what, const std::string& needle,
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     pollfd pfd{fds[0], POLLIN, 0};
-    if (left.count() <= 0 || poll(&pfd, 1, static_cast<int>(left.count())) == 0) {
+    const int ready = left.count() <= 0 ? 0 : poll(&pfd, 1, static_cast<int>(left.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) {
       timed_out = true;
       kill(child, SIGKILL);
       break;

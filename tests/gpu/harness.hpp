@@ -40,7 +40,8 @@ class Harness {
   // Runs FN in a forked child and expects it to end the job as a kernel precondition does
   // (abort_job: exit status 3) with a message containing NEEDLE, within 10 s. FN must make no
   // CUDA call: a forked child cannot use its parent's context. The launchers check their
-  // inputs before they touch the device, so a refused call makes none.
+  // inputs before they touch the device, so a refused call makes none. Not for a process with
+  // MPI initialised: the child's abort would be MPI_Abort, from a fork of this rank.
   void expect_fatal(const std::string& what, const std::string& needle,
                     const std::function<void()>& fn);
   int passed() const { return passed_; }
