@@ -124,7 +124,9 @@ inline const StepState* step_state_on_device(const char* op, const Tensor& state
 }
 
 // Launchers that an op's file shares with step_state.cu, so that the step's variant runs the
-// very kernel of the plain op. Each validates its tensors, launches on stream() and checks.
+// very kernel of the plain op. Each launches on stream() and checks the launch; its callers
+// validate the tensors first with its check_ twin, before they touch the device (clearing a
+// flag or the scratch), so a bad tensor ends the job with no device call and no partial launch.
 //
 // softmax_xent.cu: a warp per row of LOGITS, adding the rows' loss into LOSS_SUM (through
 // block_sums_scratch, in a fixed order), their hits into CORRECT_COUNT or CORRECT_SUM
@@ -140,15 +142,14 @@ struct XentTargets {
 };
 void launch_softmax_xent(const char* op, const Tensor& logits, const Tensor& labels,
                          Tensor* dlogits, float grad_scale, const XentTargets& targets);
-// Its checks alone (no device call), for a caller that touches the device before it launches.
+// launch_softmax_xent's checks (no device call).
 void check_softmax_xent(const char* op, const Tensor& logits, const Tensor& labels,
                         const Tensor* dlogits);
 // unscale_check.cu: OUTPUTS[i] = INPUTS[i] * INV_SCALE, or * float(1.0 / *LOSS_SCALE) when
 // LOSS_SCALE is given; any non-finite input stores 1 into FLAG (never 0: the caller clears it).
 void launch_unscale_check(const char* op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
                           float inv_scale, const double* loss_scale, int* flag);
-// Its checks alone (every bucket, with no device call), for a caller that touches the device
-// before it launches.
+// launch_unscale_check's checks, every bucket (no device call).
 void check_unscale_check(const char* op, std::span<const Tensor> inputs, std::span<Tensor> outputs);
 // norm.cu: adds the sum of squares of VALUES[0, N) in double into *TOTAL (which the caller
 // zeroes), in an order fixed by N and the device; with SKIP, nothing when *SKIP != 0 (read on

@@ -116,7 +116,7 @@ __global__ void xent_kernel(const float* logits, const std::int32_t* labels, flo
 XentStats run(const char* op, const Tensor& logits, const Tensor& labels, Tensor* dlogits,
               float grad_scale) {
   static_assert(sizeof(Totals) <= 256, "Totals must fit the reduction scratch");
-  check_softmax_xent(op, logits, labels, dlogits);  // before the scratch is touched
+  check_softmax_xent(op, logits, labels, dlogits);
   auto* totals = static_cast<Totals*>(reduction_scratch());
   const Totals start{0.0, 0ull, std::numeric_limits<unsigned long long>::max()};
   MPT_CHECK_CUDA(cudaMemcpyAsync(totals, &start, sizeof start, cudaMemcpyHostToDevice, stream()));
@@ -158,7 +158,6 @@ void check_softmax_xent(const char* op, const Tensor& logits, const Tensor& labe
 
 void launch_softmax_xent(const char* op, const Tensor& logits, const Tensor& labels,
                          Tensor* dlogits, float grad_scale, const XentTargets& targets) {
-  check_softmax_xent(op, logits, labels, dlogits);
   const std::int64_t rows = logits.dim(0);
   if (rows <= 0) return;
   // A block per kRowsPerBlock rows, up to blocks_for's cap (then each warp takes several rows).

@@ -81,7 +81,7 @@ void softmax_xent_step(const Tensor& logits, const Tensor& labels, Tensor& dlogi
                        float grad_scale, Tensor& state) {
   constexpr const char* op = "kernels::cuda::softmax_xent_step";
   StepState* s = step_state_on_device(op, state);
-  check_softmax_xent(op, logits, labels, &dlogits);  // before the scratch is touched
+  check_softmax_xent(op, logits, labels, &dlogits);
   // This micro-batch's first bad row, in the scratch (stream-ordered, like every user of it).
   auto* batch_bad_row = static_cast<unsigned long long*>(reduction_scratch());
   MPT_CHECK_CUDA(cudaMemsetAsync(batch_bad_row, 0xff, sizeof *batch_bad_row, stream()));
@@ -114,6 +114,7 @@ void unscale_and_check_step(std::span<const Tensor> inputs, std::span<Tensor> ou
   constexpr const char* op = "kernels::cuda::unscale_and_check_step";
   StepState* s = step_state_on_device(op, state);
   static_assert(sizeof(StepState::found_inf) == sizeof(int), "found_inf is the kernel's int flag");
+  check_unscale_check(op, inputs, outputs);
   launch_unscale_check(op, inputs, outputs, 0.f, &s->scale, reinterpret_cast<int*>(&s->found_inf));
 }
 

@@ -50,8 +50,6 @@ __global__ void unscale_check_kernel(Buckets buckets, float inv_scale, const dou
 
 }  // namespace
 
-// Every bucket checked before any launch, and before the caller's memset of the flag: a bad
-// bucket ends the job without a partial launch, and without touching the device.
 void check_unscale_check(const char* op, std::span<const Tensor> inputs,
                          std::span<Tensor> outputs) {
   if (inputs.size() != outputs.size())
@@ -70,7 +68,6 @@ void check_unscale_check(const char* op, std::span<const Tensor> inputs,
 
 void launch_unscale_check(const char* op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
                           float inv_scale, const double* loss_scale, int* flag) {
-  check_unscale_check(op, inputs, outputs);
   Buckets pack{};
   std::int64_t blocks = 0;
   const auto flush = [&] {
