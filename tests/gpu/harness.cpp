@@ -1,14 +1,12 @@
 // The tests/gpu harness (see harness.hpp).
 #include "tests/gpu/harness.hpp"
 
-#include <poll.h>
 #include <sys/prctl.h>
-#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +15,7 @@
 #include "core/half.hpp"
 #include "kernels/cast.hpp"
 #include "kernels/copy.hpp"
+#include "tests/gpu/child_process.hpp"
 
 namespace mpt::gpu_test {
 
@@ -31,7 +30,7 @@ void Harness::expect(bool ok, const std::string& what, const std::string& detail
 }
 
 void Harness::expect_fatal(const std::string& what, const std::string& needle,
-                           const std::function<void()>& fn) {
+                           const std::function<void()>& fn, int timeout_s) {
   int fds[2];
   if (pipe(fds) != 0) return record(false, what, std::string("pipe: ") + std::strerror(errno));
   std::fflush(stdout);  // the child's exit flushes its copy of these buffers
@@ -58,37 +57,16 @@ void Harness::expect_fatal(const std::string& what, const std::string& needle,
   }
   close(fds[1]);
   std::string output;
-  bool timed_out = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    pollfd pfd{fds[0], POLLIN, 0};
-    const int ready = left.count() <= 0 ? 0 : poll(&pfd, 1, static_cast<int>(left.count()));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready == 0) {
-      timed_out = true;
-      kill(child, SIGKILL);
-      break;
-    }
-    char buffer[512];
-    const ssize_t got = read(fds[0], buffer, sizeof buffer);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) break;
-    output.append(buffer, static_cast<std::size_t>(got));
-  }
-  close(fds[0]);
-  int status = 0;
-  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
+  const bool timed_out =
+      read_until_closed(fds[0], child, timeout_s, [&](std::string_view chunk) { output += chunk; });
+  const int status = wait_for(child);
   while (!output.empty() && output.back() == '\n') output.pop_back();
   const bool ended = !timed_out && WIFEXITED(status) && WEXITSTATUS(status) == 3;
   const bool named = output.find(needle) != std::string::npos;
-  std::string detail =
-      timed_out ? "still running after 10 s"
-      : WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
-      : "exit status " + std::to_string(WEXITSTATUS(status));
-  detail += ", wanted 3 and \"" + needle + "\"; printed: " + (output.empty() ? "nothing" : output);
+  const std::string detail =
+      (timed_out ? "silent for " + std::to_string(timeout_s) + " s, killed" : how_it_ended(status)) +
+      ", wanted exit status 3 and \"" + needle + "\"; printed: " +
+      (output.empty() ? "nothing" : output);
   record(ended && named, what + " is refused", ended && named ? "" : detail);
 }
 

@@ -38,12 +38,13 @@ class Harness {
   void expect(bool ok, const std::string& what, const std::string& detail = "");
   void expect_near(const std::string& what, double got, double want, Tolerance tol);
   // Runs FN in a forked child and expects it to end the job as a kernel precondition does
-  // (abort_job: exit status 3) with a message containing NEEDLE, within 10 s. FN must make no
+  // (abort_job: exit status 3) with a message containing NEEDLE; a child silent for TIMEOUT_S
+  // seconds is killed and fails the check. FN must make no
   // CUDA call: a forked child cannot use its parent's context. The launchers check their
   // inputs before they touch the device, so a refused call makes none. Not for a process with
   // MPI initialised: the child's abort would be MPI_Abort, from a fork of this rank.
   void expect_fatal(const std::string& what, const std::string& needle,
-                    const std::function<void()>& fn);
+                    const std::function<void()>& fn, int timeout_s = 10);
   int passed() const { return passed_; }
   int failed() const { return failed_; }
 

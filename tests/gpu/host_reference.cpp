@@ -1,6 +1,8 @@
 // Runs everywhere: the host twins that tests/gpu compares the CUDA kernels with, checked
 // against plain serial loops. In the GPU-only build these are the fallbacks (OpenMP loops
 // instead of Kokkos, a blocked matmul instead of BLAS/oneDNN), so this is their test.
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -103,9 +105,10 @@ void check_expect_fatal(Harness& h) {
   inner.expect_fatal("another exit status", "", [] { std::_Exit(1); });
   inner.expect_fatal("an exception", "", [] { throw std::runtime_error("not a refusal"); });
   inner.expect_fatal("another message", "no such message", [&] { kernels::cast(src, bad_dst); });
-  h.expect(inner.failed() == 4 && inner.passed() == 0,
-           "expect_fatal fails a call that returns, exits 1, throws, or names something else",
-           std::to_string(inner.failed()) + " of 4 failed");
+  inner.expect_fatal("a hang", "", [] { for (;;) pause(); }, 1);
+  h.expect(inner.failed() == 5 && inner.passed() == 0,
+           "expect_fatal fails a call that returns, exits 1, throws, hangs, or names something else",
+           std::to_string(inner.failed()) + " of 5 failed");
 }
 
 }  // namespace

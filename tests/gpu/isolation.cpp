@@ -1,7 +1,6 @@
 // Crash isolation for the tests/gpu case tables (see isolation.hpp). POSIX: fork, exec, pipe.
 #include "tests/gpu/isolation.hpp"
 
-#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+
+#include "tests/gpu/child_process.hpp"
 
 namespace mpt::gpu_test {
 namespace {
@@ -88,20 +89,8 @@ struct ChildReport {
 ChildReport read_reports(int fd, pid_t pid, int timeout_s, IsolatedTotals& totals) {
   ChildReport child;
   std::string pending;  // a line not yet complete
-  for (;;) {
-    pollfd watch{fd, POLLIN, 0};
-    const int ready = ::poll(&watch, 1, timeout_s * 1000);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready == 0) {
-      child.timed_out = true;
-      ::kill(pid, SIGKILL);
-      break;
-    }
-    char chunk[256];
-    const ssize_t n = ready < 0 ? -1 : ::read(fd, chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;  // the child is gone (or the pipe failed): its status says how
-    pending.append(chunk, static_cast<std::size_t>(n));
+  child.timed_out = read_until_closed(fd, pid, timeout_s, [&](std::string_view chunk) {
+    pending.append(chunk);
     for (std::size_t eol; (eol = pending.find('\n')) != std::string::npos;) {
       const std::string line = pending.substr(0, eol);
       pending.erase(0, eol + 1);
@@ -114,19 +103,8 @@ ChildReport read_reports(int fd, pid_t pid, int timeout_s, IsolatedTotals& total
         totals.failed += failed;
       }
     }
-  }
-  ::close(fd);
+  });
   return child;
-}
-
-std::string how_it_ended(int status) {
-  if (WIFSIGNALED(status)) {
-    const int signal = WTERMSIG(status);
-    const char* text = strsignal(signal);
-    return "signal " + std::to_string(signal) + " (" + (text ? text : "?") + ")";
-  }
-  if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
-  return "wait status " + std::to_string(status);
 }
 
 }  // namespace
@@ -178,9 +156,7 @@ IsolatedTotals run_isolated(const IsolationArgs& args, int count,
     }
     const pid_t pid = start_child(args, next, fds);
     const ChildReport child = read_reports(fds[0], pid, timeout_s, totals);
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    const int status = wait_for(pid);
     std::fflush(stdout);
     const int started = child.started, ended = child.ended;
     if (started >= 0 && started != ended) {

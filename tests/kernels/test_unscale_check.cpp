@@ -53,9 +53,9 @@ TEST(UnscaleAndCheck, WidensHalfAndBFloat16) {
 }
 
 // A bad bucket ends the job before any bucket is written (as on the device, where the flag is not
-// even cleared): the abort hook, which runs after the fatal line and before the job ends, counts the elements of the first
-// output that no longer hold their -1. "threadsafe": the child re-runs this binary up to the
-// test, with its own MPI singleton.
+// even cleared): the abort hook, which runs after the fatal line and before the job ends,
+// counts the elements of the first output that no longer hold their -1. "threadsafe": the
+// child re-runs this binary up to the test, with its own MPI singleton.
 const float* g_first_output = nullptr;
 std::int64_t g_first_output_n = 0;
 
