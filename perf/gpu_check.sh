@@ -2,8 +2,9 @@
 # One-shot GPU check for a bare GPU machine (issue #8): configure, build, run tests/gpu and
 # perf/gpu/gpu_bench (the mlp, then the cnn with cuDNN and with im2col convolutions, then both
 # with each step replayed as one CUDA graph), run the
-# same models in PyTorch AMP (perf/pytorch_gpu.py) and a PyTorch GEMM peer, and print a table
-# of mptrain/PyTorch ratios
+# same models in PyTorch AMP (perf/pytorch_gpu.py) and a PyTorch GEMM peer, run the trainer
+# where there is one, and last, if time is left, gpu_kernels under compute-sanitizer's memcheck
+# and racecheck; print a table of mptrain/PyTorch ratios and the verdicts
 # (also to $OUT/gpu_check.txt when $OUT is set). Needs: the CUDA toolkit (nvcc), CMake >= 3.25,
 # a C++20 compiler, python3 with torch.
 # Builds the GPU-only subset unless MPI, HDF5, Boost and Kokkos are all present; the trainer
@@ -26,8 +27,9 @@ Usage: perf/gpu_check.sh [--steps N] [--batch B] [--build-dir DIR] [--jobs J] [-
   --jobs J       build jobs (default: all cores)
   --bundle F     perf/gpu_bundle.sh's archive, used where this machine cannot build the
                  trainer (default .gpu-bundle/mptrain-bundle.tar.xz, if present)
-  --budget S     seconds after which the last, optional stages (the GPU-bound batch and its
-                 ncu profile) are skipped, so that the summary is written (default 420)
+  --budget S     seconds after which the last, optional stages (the GPU-bound batch, its
+                 ncu profile, compute-sanitizer) are skipped, so that the summary is written
+                 (default 420)
   --deadline S   seconds the whole check must end within: every command's timeout is cut to
                  what is left of it, less 15 s for the summary, and a command with under 5 s
                  left is skipped; keep it below the device tool's timeout (default 500)
@@ -84,10 +86,11 @@ else
   mkdir -p "$build" || exit 1
   # What the summary reads, so that it can be written from the first stage on.
   for log in deadline configure build ctest prefetcher gpu_bench gpu_bench_graphs pytorch trainer \
-    nccl gpu_bench_big pytorch_big; do
+    nccl gpu_bench_big pytorch_big sanitizer; do
     : > "$build/$log.log"
   done
   : > "$build/ncu.txt"
+  rm -f "$build"/sanitizer-*.log
 fi
 gpu_name=
 arch=
@@ -184,6 +187,39 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a 
 # rate LOG KIND NAME PRECISION [CONV] [TAG]: samples/s on LOG's first line from KIND
 # (mptrain-model, mptrain-kernels or pytorch) for model NAME in PRECISION, with conv=CONV and
 # TAG (graphs=on) where given; nothing when there is no such line.
+# sanitizer_verdict TOOL LOG: one line from a compute-sanitizer run over gpu_kernels: the errors
+# of every process it followed (their "ERROR SUMMARY" lines), the harness's counts and the exit
+# status (the line "gpu_check: exit N" that the stage appends; none while it runs or when it was
+# cut short); then the first five distinct reports, each with the line that says where.
+sanitizer_verdict() {
+  awk -v tool="$1" '
+    /ERROR SUMMARY: [0-9]+ error/ { match($0, /SUMMARY: [0-9]+/); errors += substr($0, RSTART + 9, RLENGTH - 9); processes++ }
+    /[0-9]+ passed, [0-9]+ failed/ { match($0, /[0-9]+ passed, [0-9]+ failed/); counts = substr($0, RSTART, RLENGTH) }
+    /^gpu_check: exit [0-9]+$/ { rc = $3 }
+    function keep(report) {
+      if (!(report in seen) && shown < 5) { seen[report] = 1; lines[++shown] = report }
+      pending = ""
+    }
+    /^========= [A-Z]/ && !/SUMMARY|COMPUTE-SANITIZER/ {
+      if (pending != "") keep(pending)  # a report without a location (an API error, say)
+      pending = substr($0, 11)
+    }
+    /^=========[ ]+at / && pending != "" {
+      where = $0
+      sub(/^=========[ ]+at /, "", where)
+      keep(pending " (at " where ")")
+    }
+    END {
+      if (pending != "") keep(pending)
+      line = "compute-sanitizer " tool " over gpu_kernels: "
+      line = line (processes ? errors " errors in " processes " processes" : "no ERROR SUMMARY")
+      line = line "; " (counts != "" ? counts : "no test counts")
+      if (rc == "") line = line "; no exit status (running, or cut short)"
+      else line = line "; exit " rc (rc == 124 ? " (timed out: the reports before it)" : rc == 125 ? " (not started: --deadline)" : "")
+      print line
+      for (i = 1; i <= shown; i++) print "  - " substr(lines[i], 1, 200)
+    }' "$2"
+}
 rate() {
   grep -F "$2 model=$3 precision=$4 " "$1" 2>/dev/null | grep -E "${5:+ conv=$5( |\$)}" \
     | grep -m1 -F -- "${6:-}" | field samples_per_s
@@ -291,6 +327,13 @@ summary_body() {
     echo "nccl all-reduce (gpu_nccl_allreduce; mptrain train --comm.intra=nccl, mlp, 40 steps, one rank):"
     cat "$build/nccl.log"
   fi
+  if [[ -s $build/sanitizer.log || -s $build/sanitizer-memcheck.log ]]; then
+    echo
+    cat "$build/sanitizer.log"
+    for tool in memcheck racecheck; do
+      [[ ! -s $build/sanitizer-$tool.log ]] || sanitizer_verdict "$tool" "$build/sanitizer-$tool.log"
+    done
+  fi
   echo
   echo "total time $(( $(date +%s) - start )) s (--deadline $deadline)"
 }
@@ -325,6 +368,7 @@ keep_going=(-k)
 command -v ninja >/dev/null && { generator=(-G Ninja); keep_going=(-k 0); }
 tmo 300 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DMPTRAIN_ENABLE_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$arch" -DMPTRAIN_ENABLE_BENCHMARKS=OFF \
+  -DCMAKE_CUDA_FLAGS=-lineinfo \
   > "$build/configure.log" 2>&1
 configure_rc=$?
 grep -E "mptrain|Found|GPU-only|Error|error" "$build/configure.log"
@@ -714,6 +758,38 @@ else
   fi
 fi
 
+# compute-sanitizer over the kernel twins: memcheck (out-of-bounds and misaligned accesses, and
+# the exceptions the GPU reports), then racecheck (shared-memory hazards: the block reductions of
+# softmax-xent, BatchNorm, bias, unscale-check and transpose, and the im2col convolution, share
+# memory between threads). That the twins agree within tolerance does not show that no thread
+# reads past a buffer or races another; these do. gpu_kernels as ctest runs it, every case
+# isolated (tests/gpu/isolation.hpp) and every process followed, each case given 120 s of
+# silence (the tools are slow). Last and optional: skipped past --budget, or where the toolkit
+# has no compute-sanitizer. Its verdict is reported and fails nothing else: a tool that cannot
+# start on this machine is no failed kernel.
+if over_budget "compute-sanitizer"; then
+  echo "compute-sanitizer: skipped (over the --budget of ${budget} s)" | tee -a "$build/sanitizer.log"
+else
+  stage "compute-sanitizer over gpu_kernels: memcheck, then racecheck"
+  sanitizer=$(command -v compute-sanitizer)
+  nvcc_dir=$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")
+  [[ -z $sanitizer && -x $nvcc_dir/../compute-sanitizer/compute-sanitizer ]] &&
+    sanitizer=$nvcc_dir/../compute-sanitizer/compute-sanitizer
+  kernels_test=$build/tests/gpu/gpu_kernels
+  if [[ -z $sanitizer || ! -x $kernels_test ]]; then
+    echo "compute-sanitizer: not run ($([[ -z $sanitizer ]] && echo "not on PATH nor beside nvcc" ||
+      echo "no gpu_kernels built"))" | tee -a "$build/sanitizer.log"
+  else
+    for tool in memcheck racecheck; do
+      over_budget "compute-sanitizer $tool" && break
+      rc=0
+      MPT_GPU_CASE_TIMEOUT_S=120 tmo 120 "$sanitizer" --tool "$tool" --target-processes all \
+        --print-limit 20 "$kernels_test" > "$build/sanitizer-$tool.log" 2>&1 || rc=$?
+      echo "gpu_check: exit $rc" >> "$build/sanitizer-$tool.log"
+      sanitizer_verdict "$tool" "$build/sanitizer-$tool.log"
+    done
+  fi
+fi
 
 completed=1
 exit $(( ctest_rc != 0 ))

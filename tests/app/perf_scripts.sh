@@ -88,6 +88,31 @@ cat >"$logs/ctest.log" <<'LOG'
 1:   FAIL  case conv2d crashed: signal 11 (Segmentation fault); the cases after it run in a new process
 1: 40 passed, 2 failed
 LOG
+# compute-sanitizer over gpu_kernels: memcheck finished (two processes followed, one report seen
+# twice, an API error without a location), racecheck cut short (no exit line yet).
+cat >"$logs/sanitizer-memcheck.log" <<'LOG'
+========= COMPUTE-SANITIZER
+gpu_kernels on NVIDIA H200 (sm_90)
+case relu (relu.hpp)
+========= Invalid __global__ read of size 4 bytes
+=========     at mpt::kernels::cuda::relu_kernel(const float *, float *, long)+0x70 in relu.cu:21
+=========     by thread (255,0,0) in block (3,0,0)
+=========     Address 0x7f0000001000 is out of bounds
+=========
+========= Invalid __global__ read of size 4 bytes
+=========     at mpt::kernels::cuda::relu_kernel(const float *, float *, long)+0x70 in relu.cu:21
+=========     by thread (254,0,0) in block (3,0,0)
+========= Program hit cudaErrorInvalidValue (error 1) due to "invalid argument" on CUDA API call to cudaMemcpyAsync.
+=========     Saved host backtrace up to driver entry point at error
+50 passed, 1 failed
+========= ERROR SUMMARY: 3 errors
+========= ERROR SUMMARY: 0 errors
+gpu_check: exit 0
+LOG
+cat >"$logs/sanitizer-racecheck.log" <<'LOG'
+========= COMPUTE-SANITIZER
+case softmax_xent (softmax_xent.hpp)
+LOG
 rc=0
 (cd "$TMP" && timeout 20 bash "$REPO/perf/gpu_check.sh" --summary-only --build-dir "$logs") \
   >"$TMP/summary.txt" 2>"$TMP/summary.err" || rc=$?
@@ -107,6 +132,16 @@ for line in "tests/gpu failures (2; the first 12, all in ctest.log):" \
   grep -qxF -- "$line" "$TMP/summary.txt" && pass "summary names the failure: $line" ||
     { fail "summary lacks the line $line"; cat "$TMP/summary.txt" >&2; }
 done
+for line in "compute-sanitizer memcheck over gpu_kernels: 3 errors in 2 processes; 50 passed, 1 failed; exit 0" \
+  "  - Invalid __global__ read of size 4 bytes (at mpt::kernels::cuda::relu_kernel(const float *, float *, long)+0x70 in relu.cu:21)" \
+  "  - Program hit cudaErrorInvalidValue (error 1) due to \"invalid argument\" on CUDA API call to cudaMemcpyAsync." \
+  "compute-sanitizer racecheck over gpu_kernels: no ERROR SUMMARY; no test counts; no exit status (running, or cut short)"; do
+  grep -qxF -- "$line" "$TMP/summary.txt" && pass "summary has the sanitizer's line: $line" ||
+    { fail "summary lacks the line $line"; cat "$TMP/summary.txt" >&2; }
+done
+[[ $(grep -c "Invalid __global__ read" "$TMP/summary.txt") -eq 1 ]] &&
+  pass "summary lists a repeated sanitizer report once" ||
+  fail "summary lists the repeated sanitizer report $(grep -c "Invalid __global__ read" "$TMP/summary.txt") times"
 grep -q "relu f32" "$TMP/summary.txt" && fail "summary lists a passing check" ||
   pass "summary leaves the passing checks out"
 [[ ! -e $logs/gpu_check.txt && ! -e $logs/build.log ]] && pass "--summary-only writes nothing" ||
