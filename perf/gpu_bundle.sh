@@ -3,7 +3,7 @@
 # the project's check machine has the CUDA toolkit, cuDNN, NCCL and PyTorch but no Boost, Kokkos,
 # parallel HDF5 or oneDNN, and no package registry, so perf/gpu_check.sh would build only the
 # GPU-only subset there and skip every trainer run. This writes one archive holding mptrain,
-# gpu_prefetcher and gpu_nccl_allreduce, every shared library they load except glibc's and
+# gpu_prefetcher, gpu_nccl_allreduce and gpu_world_refusal, every shared library they load except glibc's and
 # CUDA's (those come from the GPU machine), and a relocatable Open MPI runtime (mpiexec, its
 # components and help files, moved with OPAL_PREFIX). gpu_check.sh unpacks it when its own build
 # lacks the trainer. Run here, on Debian with the stack installed (launch/install-deps.sh), then
@@ -62,7 +62,7 @@ if ! grep -q '^MPTRAIN_GPU_ONLY_BUILD:INTERNAL=OFF' "$build/CMakeCache.txt" \
        "then remove $build" >&2
   exit 1
 fi
-binaries=(mptrain gpu_prefetcher gpu_nccl_allreduce)
+binaries=(mptrain gpu_prefetcher gpu_nccl_allreduce gpu_world_refusal)
 if (( build_step )); then
   cmake --build "$build" -j "$jobs" --target "${binaries[@]}"
 fi
@@ -71,7 +71,8 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 root=$stage/mptrain-bundle
 mkdir -p "$root/bin" "$root/lib/fallback"
-cp "$build/mptrain" "$build/tests/gpu/gpu_prefetcher" "$build/tests/gpu/gpu_nccl_allreduce" "$root/bin/"
+cp "$build/mptrain" "$build/tests/gpu/gpu_prefetcher" "$build/tests/gpu/gpu_nccl_allreduce" \
+  "$build/tests/gpu/gpu_world_refusal" "$root/bin/"
 
 # Open MPI laid out as Debian installs it, under a prefix that OPAL_PREFIX moves: the
 # launcher, its components (dlopen'ed, so ldd of the binaries does not list them), help files

@@ -380,7 +380,8 @@ else
   targets=(gpu_kernels gpu_model gpu_case_table gpu_host_reference gpu_bench)
   # With MPI, HDF5, Boost and Kokkos present the full trainer is built too.
   # (and the prefetcher's device delivery test, which needs MPI and HDF5 as the trainer does).
-  grep -q '^MPTRAIN_GPU_ONLY_BUILD:INTERNAL=OFF' "$build/CMakeCache.txt" && targets+=(mptrain gpu_prefetcher)
+  grep -q '^MPTRAIN_GPU_ONLY_BUILD:INTERNAL=OFF' "$build/CMakeCache.txt" &&
+    targets+=(mptrain gpu_prefetcher gpu_world_refusal)
   # Where NCCL and MPI are found (the GPU-only build too, which then builds comm alone), the
   # nccl all-reduce's GPU test (its own stage below).
   grep -q '^MPTRAIN_NCCL_BUILD:INTERNAL=ON' "$build/CMakeCache.txt" && targets+=(gpu_nccl_allreduce)
@@ -475,6 +476,33 @@ if [[ $trainer_source == bundle ]]; then
   [[ $prefetcher_rc -eq 0 || $prefetcher_rc -eq 77 ]] || ctest_rc=1
   prefetcher_line=$(grep -m1 -oE "[0-9]+ passed, [0-9]+ failed|SKIPPED" "$build/prefetcher.log")
   tests_line+="gpu_prefetcher (bundled): ${prefetcher_line:-no result, exit $prefetcher_rc};"
+
+  # World's Tensor collectives refuse a device tensor (as ctest's gpu_world_refusal_* check in a
+  # full build): rank 0 hands one over while rank 1 waits in the collective, and the job must end,
+  # non-zero, within the timeout, with the line that names the call.
+  stage "gpu_world_refusal (bundled, mpiexec -n 2): World's collectives refuse a device tensor"
+  : > "$build/world_refusal.log"
+  refusals=
+  for op in allreduce broadcast; do
+    call=$op
+    [[ $op == allreduce ]] && call=allreduce_sum
+    rc=0
+    tmo 60 "${with_env[@]}" mpiexec -n 2 --oversubscribe "$bundle/bin/gpu_world_refusal" "$op" \
+      > "$build/world_refusal-$op.log" 2>&1 || rc=$?
+    cat "$build/world_refusal-$op.log" >> "$build/world_refusal.log"
+    if [[ $rc -eq 77 ]] && grep -q "^SKIPPED: " "$build/world_refusal-$op.log"; then
+      verdict=skipped
+    elif [[ $rc -ne 0 && $rc -ne 124 && $rc -ne 125 ]] &&
+         grep -qF "World::$call: needs a host tensor, got float32(4) cuda" "$build/world_refusal-$op.log"; then
+      verdict=refused
+    else
+      verdict="NOT refused (exit $rc)"
+      ctest_rc=1
+    fi
+    echo "gpu_world_refusal $op: $verdict" | tee -a "$build/world_refusal.log"
+    refusals+="${refusals:+, }$op $verdict"
+  done
+  tests_line+="gpu_world_refusal (bundled): $refusals;"
 fi
 
 # logged LOG SECONDS COMMAND...: COMMAND under tmo, its output and errors appended to LOG and
