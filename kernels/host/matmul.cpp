@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -90,9 +91,23 @@ void blas_matmul(const MatmulShape& s, const float* a, const float* b, float* c)
 #ifdef MPTRAIN_HAVE_DNNL
 
 std::string dnnl_status_text(dnnl_status_t status) {
-  return "oneDNN status " + std::to_string(static_cast<int>(status));
+  const char* name = nullptr;
+  switch (status) {
+    case dnnl_out_of_memory: name = "out_of_memory"; break;
+    case dnnl_invalid_arguments: name = "invalid_arguments"; break;
+    case dnnl_unimplemented: name = "unimplemented"; break;
+    case dnnl_runtime_error: name = "runtime_error"; break;
+    default: break;
+  }
+  return "oneDNN status " + std::to_string(static_cast<int>(status)) +
+         (name ? std::string(" (") + name + ")" : std::string());
 }
 bool dnnl_ok(dnnl_status_t status) { return status == dnnl_success; }
+std::string pointer_text(const void* pointer) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%p", pointer);
+  return text;
+}
 #define MPT_CHECK_DNNL(call) MPT_CHECK_GEN("oneDNN", call, dnnl_ok, dnnl_status_text)
 
 struct MatmulShapeHash {
@@ -137,7 +152,18 @@ class DnnlMatmulCache {
     const dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, entry.src.get()},
                                      {DNNL_ARG_WEIGHTS, entry.weights.get()},
                                      {DNNL_ARG_DST, entry.dst.get()}};
-    MPT_CHECK_DNNL(dnnl_primitive_execute(entry.primitive.get(), stream_.get(), 3, args));
+    const dnnl_status_t status = dnnl_primitive_execute(entry.primitive.get(), stream_.get(), 3, args);
+    // With the call's shape and buffers: one CI run failed here once (invalid_arguments, a stop
+    // signal arriving mid-run), and the status alone could not say why.
+    if (status != dnnl_success)
+      ::mpt::detail::check_failed("oneDNN", "dnnl_primitive_execute (matmul)",
+                           dnnl_status_text(status) + " on m=" + std::to_string(s.m) +
+                               " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) +
+                               (s.transpose_a ? " A^T" : "") + (s.transpose_b ? " B^T" : "") +
+                               " beta=" + std::to_string(s.beta) + ", a " + pointer_text(a) +
+                               ", b " + pointer_text(b) + ", c " + pointer_text(c) + ", " +
+                               std::to_string(entries_.size()) + " shapes cached",
+                           __FILE__, __LINE__);
     MPT_CHECK_DNNL(dnnl_stream_wait(stream_.get()));
   }
 
