@@ -18,6 +18,7 @@
 #include "data/data.hpp"
 #include "export/export.hpp"
 #include "kernels/matmul.hpp"
+#include "train/checkpointing.hpp"
 
 // OpenBLAS keeps its own thread pool; declared weak so that a site BLAS without it still links.
 extern "C" void openblas_set_num_threads(int threads) __attribute__((weak));
@@ -246,6 +247,9 @@ int dispatch(const std::vector<std::string>& args, const comm::World& world) {
 }  // namespace
 
 int run(int argc, char** argv) {
+  // First, while this is the only thread: SIGTERM, SIGUSR1 and SIGINT go to a thread of their
+  // own, never to one inside oneDNN's kernels (train/checkpointing.hpp says why).
+  train::route_stop_signals_to_own_thread();
   int provided = 0;
   // SERIALIZED: the gradient all-reduce runs on comm::GradientReducer's thread while the main
   // thread computes; the two never call MPI at the same time (docs/architecture.md). `train`

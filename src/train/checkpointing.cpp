@@ -1,5 +1,7 @@
 #include "train/checkpointing.hpp"
 
+#include <pthread.h>
+
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -21,10 +23,49 @@ extern "C" void record_stop_signal(int signal_number) {
   g_received.compare_exchange_strong(none, signal_number, std::memory_order_relaxed);
 }
 
+// Whether a StopSignals scope is live: the routing thread records only then.
+std::atomic<bool> g_scope_live{false};
+
+sigset_t stop_signal_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (const int signal_number : kStopSignals) sigaddset(&set, signal_number);
+  return set;
+}
+
+[[noreturn]] void route_signals(sigset_t set) {
+  for (;;) {
+    const int signal_number = sigwaitinfo(&set, nullptr);
+    if (signal_number < 0) continue;  // EINTR: another signal's handler ran on this thread
+    if (g_scope_live.load()) {
+      record_stop_signal(signal_number);
+      continue;
+    }
+    // The default action (termination), as for a process that blocked nothing: unblocked on
+    // this thread alone and raised to it.
+    std::signal(signal_number, SIG_DFL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, signal_number);
+    pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+    std::raise(signal_number);
+  }
+}
+
 }  // namespace
+
+void route_stop_signals_to_own_thread() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const sigset_t set = stop_signal_set();
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    std::thread(route_signals, set).detach();  // inherits the mask: sigwaitinfo takes them
+  });
+}
 
 StopSignals::StopSignals() {
   g_received.store(0, std::memory_order_relaxed);
+  g_scope_live.store(true);
   struct sigaction action = {};
   action.sa_handler = record_stop_signal;
   sigemptyset(&action.sa_mask);
@@ -34,6 +75,7 @@ StopSignals::StopSignals() {
 }
 
 StopSignals::~StopSignals() {
+  g_scope_live.store(false);
   for (int i = 0; i < 3; ++i) sigaction(kStopSignals[i], &previous_[i], nullptr);
 }
 

@@ -19,6 +19,20 @@ namespace mpt::train {
 // SIGTERM, SIGUSR1 and SIGINT only record that they came (an async-signal-safe store); the
 // trainer polls at step boundaries and stops there. A second signal changes nothing, so it
 // cannot interrupt a checkpoint being written. The previous handlers come back on destruction.
+// With route_stop_signals_to_own_thread() in effect they are taken by its thread instead.
+// oneDNN's generated GEMM kernels (Debian's 2.x; fixed upstream after 3.11, oneDNN issue 4845)
+// point rsp into the heap while they run, so a signal handled on a thread inside one writes its
+// frame over heap memory: a SIGTERM from Slurm could crash the graceful stop it asks for (seen
+// in CI: "oneDNN status 2" in a matmul just after the signal; a storm of signals on a handler
+// corrupts the heap within seconds). So no computing thread takes these three signals: this
+// blocks them in the calling thread, which must be the process's first, before MPI, Kokkos or
+// any pool starts (every later thread inherits the mask), and starts one thread that waits for
+// them (sigwaitinfo). Inside a StopSignals scope it records the signal as the handler would;
+// outside one it ends the process by the signal's default action, as if nothing were blocked.
+// Threads that libraries started before main keep them unblocked, and get the handler or the
+// default action as before. Idempotent. mptrain's entry point calls it first.
+void route_stop_signals_to_own_thread();
+
 class StopSignals {
  public:
   StopSignals();

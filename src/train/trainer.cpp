@@ -1,6 +1,7 @@
 // The data-parallel training loop: every rank reads its shard, runs forward and backward on
 // planned buffers, and the ranks average gradients before an identical optimizer step.
 #include <dirent.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -1713,8 +1714,13 @@ TrainSummary Trainer::run() {
       progress.update(step, epoch, step * global_batch * accumulate);
 
       // MPTRAIN_FAULT=stop-signal:RANK:STEP: RANK gets SIGUSR1 as step STEP ends, as from a
-      // scheduler, at a step the tests can name (the handler runs before raise returns).
-      if (fault_now && state_->fault.kind == "stop-signal") std::raise(SIGUSR1);
+      // scheduler (to the process, as kill sends it), at a step the tests can name: it waits
+      // until the signal is recorded, which the routing thread does a moment later.
+      if (fault_now && state_->fault.kind == "stop-signal") {
+        kill(getpid(), SIGUSR1);
+        for (int waited_ms = 0; StopSignals::received() == 0 && waited_ms < 10000; ++waited_ms)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       // Stop and checkpoint decisions, agreed: a stop signal on any rank, rank 0's timed
       // checkpoint or deadline, a failed asynchronous write on rank 0.
       double decide[4] = {StopSignals::received() != 0 ? 1.0 : 0.0, 0, 0, 0};
