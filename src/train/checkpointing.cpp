@@ -35,15 +35,27 @@ sigset_t stop_signal_set() {
 
 [[noreturn]] void route_signals(sigset_t set) {
   for (;;) {
-    const int signal_number = sigwaitinfo(&set, nullptr);
+    siginfo_t info = {};
+    const int signal_number = sigwaitinfo(&set, &info);
     if (signal_number < 0) continue;  // EINTR: another signal's handler ran on this thread
     if (g_scope_live.load()) {
       record_stop_signal(signal_number);
       continue;
     }
-    // The default action (termination), as for a process that blocked nothing: unblocked on
-    // this thread alone and raised to it.
-    std::signal(signal_number, SIG_DFL);
+    // What the disposition says, as for a process that blocked nothing: an ignored signal
+    // (a background job's SIGINT) stays ignored, a handler runs here, and the default action
+    // (termination) is the signal unblocked on this thread alone and raised to it.
+    struct sigaction now = {};
+    sigaction(signal_number, nullptr, &now);
+    if (now.sa_handler == SIG_IGN) continue;
+    if (now.sa_flags & SA_SIGINFO) {
+      now.sa_sigaction(signal_number, &info, nullptr);
+      continue;
+    }
+    if (now.sa_handler != SIG_DFL) {
+      now.sa_handler(signal_number);
+      continue;
+    }
     sigset_t one;
     sigemptyset(&one);
     sigaddset(&one, signal_number);
