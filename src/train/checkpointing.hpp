@@ -28,7 +28,8 @@ namespace mpt::train {
 // blocks them in the calling thread, which must be the process's first, before MPI, Kokkos or
 // any pool starts (every later thread inherits the mask), and starts one thread that waits for
 // them (sigwaitinfo). Inside a StopSignals scope it records the signal as the handler would;
-// outside one it ends the process by the signal's default action, as if nothing were blocked.
+// outside one it does what the disposition says (ignore, a handler, or the default action's
+// termination), as if nothing were blocked.
 // Threads that libraries started before main keep them unblocked, and get the handler or the
 // default action as before. Idempotent. mptrain's entry point calls it first.
 void route_stop_signals_to_own_thread();
