@@ -184,9 +184,6 @@ mlp16_spec=flatten,dense:1024,relu,dense:1024,relu,dense:10
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
 # ratio A B: A / B to two decimals, or n/a when either is missing or not positive.
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-# rate LOG KIND NAME PRECISION [CONV] [TAG]: samples/s on LOG's first line from KIND
-# (mptrain-model, mptrain-kernels or pytorch) for model NAME in PRECISION, with conv=CONV and
-# TAG (graphs=on) where given; nothing when there is no such line.
 # sanitizer_verdict TOOL LOG: one line from a compute-sanitizer run over gpu_kernels: the errors
 # of every process it followed (their "ERROR SUMMARY" lines), the harness's counts and the exit
 # status (the line "gpu_check: exit N" that the stage appends; none while it runs or when it was
@@ -220,6 +217,9 @@ sanitizer_verdict() {
       for (i = 1; i <= shown; i++) print "  - " substr(lines[i], 1, 200)
     }' "$2"
 }
+# rate LOG KIND NAME PRECISION [CONV] [TAG]: samples/s on LOG's first line from KIND
+# (mptrain-model, mptrain-kernels or pytorch) for model NAME in PRECISION, with conv=CONV and
+# TAG (graphs=on) where given; nothing when there is no such line.
 rate() {
   grep -F "$2 model=$3 precision=$4 " "$1" 2>/dev/null | grep -E "${5:+ conv=$5( |\$)}" \
     | grep -m1 -F -- "${6:-}" | field samples_per_s

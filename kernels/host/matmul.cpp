@@ -153,8 +153,8 @@ class DnnlMatmulCache {
                                      {DNNL_ARG_WEIGHTS, entry.weights.get()},
                                      {DNNL_ARG_DST, entry.dst.get()}};
     const dnnl_status_t status = dnnl_primitive_execute(entry.primitive.get(), stream_.get(), 3, args);
-    // With the call's shape and buffers: one CI run failed here once (invalid_arguments, a stop
-    // signal arriving mid-run), and the status alone could not say why.
+    // With the call's shape and buffers: the status alone could not say why one CI run failed
+    // here (invalid_arguments: a stop signal inside oneDNN's GEMM, train/checkpointing.hpp).
     if (status != dnnl_success)
       ::mpt::detail::check_failed("oneDNN", "dnnl_primitive_execute (matmul)",
                            dnnl_status_text(status) + " on m=" + std::to_string(s.m) +

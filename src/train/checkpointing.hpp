@@ -16,10 +16,6 @@
 
 namespace mpt::train {
 
-// SIGTERM, SIGUSR1 and SIGINT only record that they came (an async-signal-safe store); the
-// trainer polls at step boundaries and stops there. A second signal changes nothing, so it
-// cannot interrupt a checkpoint being written. The previous handlers come back on destruction.
-// With route_stop_signals_to_own_thread() in effect they are taken by its thread instead.
 // oneDNN's generated GEMM kernels (Debian's 2.x; fixed upstream after 3.11, oneDNN issue 4845)
 // point rsp into the heap while they run, so a signal handled on a thread inside one writes its
 // frame over heap memory: a SIGTERM from Slurm could crash the graceful stop it asks for (seen
@@ -34,6 +30,10 @@ namespace mpt::train {
 // default action as before. Idempotent. mptrain's entry point calls it first.
 void route_stop_signals_to_own_thread();
 
+// SIGTERM, SIGUSR1 and SIGINT only record that they came (an async-signal-safe store); the
+// trainer polls at step boundaries and stops there. A second signal changes nothing, so it
+// cannot interrupt a checkpoint being written. The previous handlers come back on destruction.
+// With route_stop_signals_to_own_thread() in effect they are taken by its thread instead.
 class StopSignals {
  public:
   StopSignals();

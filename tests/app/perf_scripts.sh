@@ -118,27 +118,28 @@ rc=0
   >"$TMP/summary.txt" 2>"$TMP/summary.err" || rc=$?
 [[ $rc -eq 0 ]] && pass "gpu_check.sh --summary-only: exit 0" ||
   { fail "gpu_check.sh --summary-only: exit $rc"; cat "$TMP/summary.err" >&2; }
-for row in "| mlp | fp16 | 256 | 1097868.0 | 1326610.0 | 148571.0 | 7.39 | 8.93 |" \
+# summary_has WHAT LINE...: each LINE is a whole line of the summary.
+summary_has() {
+  local what=$1 line
+  shift
+  for line in "$@"; do
+    grep -qxF -- "$line" "$TMP/summary.txt" && pass "summary $what: $line" ||
+      { fail "summary lacks the line $line"; cat "$TMP/summary.txt" >&2; }
+  done
+}
+summary_has row "| mlp | fp16 | 256 | 1097868.0 | 1326610.0 | 148571.0 | 7.39 | 8.93 |" \
   "| cnn (conv im2col) | fp16 | 256 | 50000.0 | n/a | 60000.0 | 0.83 | n/a |" \
   "| cnn (graphs) (conv cudnn) | fp16 | 256 | 120000.0 | 90000.0 | 1.33 | 60000.0 | 2.00 |" \
   "| mlp | fp16 | 1930705.0 | 2500000.0 | 5000000.0 | 4696919.0 | 0.41 | 0.53 | 1.06 |" \
-  "| 4096 | fp16 | 785.0 | 823.0 | 0.95 |"; do
-  grep -qxF -- "$row" "$TMP/summary.txt" && pass "summary row $row" ||
-    { fail "summary lacks the row $row"; cat "$TMP/summary.txt" >&2; }
-done
-for line in "tests/gpu failures (2; the first 12, all in ctest.log):" \
+  "| 4096 | fp16 | 785.0 | 823.0 | 0.95 |"
+summary_has "names the failure" "tests/gpu failures (2; the first 12, all in ctest.log):" \
   "  - softmax_xent_forward loss [256x10]: got 1, want 2" \
-  "  - case conv2d crashed: signal 11 (Segmentation fault); the cases after it run in a new process"; do
-  grep -qxF -- "$line" "$TMP/summary.txt" && pass "summary names the failure: $line" ||
-    { fail "summary lacks the line $line"; cat "$TMP/summary.txt" >&2; }
-done
-for line in "compute-sanitizer memcheck over gpu_kernels: 3 errors in 2 processes; 50 passed, 1 failed; exit 0" \
+  "  - case conv2d crashed: signal 11 (Segmentation fault); the cases after it run in a new process"
+summary_has "has the sanitizer's line" \
+  "compute-sanitizer memcheck over gpu_kernels: 3 errors in 2 processes; 50 passed, 1 failed; exit 0" \
   "  - Invalid __global__ read of size 4 bytes (at mpt::kernels::cuda::relu_kernel(const float *, float *, long)+0x70 in relu.cu:21)" \
   "  - Program hit cudaErrorInvalidValue (error 1) due to \"invalid argument\" on CUDA API call to cudaMemcpyAsync." \
-  "compute-sanitizer racecheck over gpu_kernels: no ERROR SUMMARY; no test counts; no exit status (running, or cut short)"; do
-  grep -qxF -- "$line" "$TMP/summary.txt" && pass "summary has the sanitizer's line: $line" ||
-    { fail "summary lacks the line $line"; cat "$TMP/summary.txt" >&2; }
-done
+  "compute-sanitizer racecheck over gpu_kernels: no ERROR SUMMARY; no test counts; no exit status (running, or cut short)"
 [[ $(grep -c "Invalid __global__ read" "$TMP/summary.txt") -eq 1 ]] &&
   pass "summary lists a repeated sanitizer report once" ||
   fail "summary lists the repeated sanitizer report $(grep -c "Invalid __global__ read" "$TMP/summary.txt") times"

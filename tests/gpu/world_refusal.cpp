@@ -22,11 +22,8 @@ namespace {
 
 constexpr int kSkipCode = 77;
 
-int run(const char* op) {
+int run(const char* op, int rank, int size) {
   using namespace mpt;
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
   const int devices = device_memory::cuda_device_count();
   int none = devices == 0 ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &none, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
@@ -61,7 +58,7 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   mpt::set_process_identity(rank, size);
-  const int code = run(argv[1]);
+  const int code = run(argv[1], rank, size);
   MPI_Finalize();
   return code;
 }
