@@ -48,6 +48,7 @@ void batchnorm_backward_coefs(const Tensor& sums, double count, const Tensor& ga
 // SUMS (f32, at least 2C) := per channel c: SUMS[c] = sum of x, SUMS[C + c] = sum of x^2, over
 // the batch and the plane. X holds [N, C, S] for any N; its element count fixes N*S.
 inline void batchnorm_sums(const Tensor& x, std::int64_t channels, Tensor& sums) {
+  detail::require_disjoint("kernels::batchnorm_sums", "sums must not overlap x", x, sums);
   MPT_DISPATCH_CUDA(x, batchnorm_sums, x, channels, sums);
   host::batchnorm_sums(x, channels, sums);
 }
@@ -63,6 +64,9 @@ inline void batchnorm_apply(const Tensor& x, std::int64_t channels, const Tensor
 // with xhat = (x - MEAN[c]) * INVSTD[c].
 inline void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, std::int64_t channels,
                                     const Tensor& mean, const Tensor& invstd, Tensor& sums) {
+  detail::require_disjoint("kernels::batchnorm_backward_sums", "sums must not overlap x", x, sums);
+  detail::require_disjoint("kernels::batchnorm_backward_sums", "sums must not overlap dy", dy,
+                           sums);
   MPT_DISPATCH_CUDA(x, batchnorm_backward_sums, x, dy, channels, mean, invstd, sums);
   host::batchnorm_backward_sums(x, dy, channels, mean, invstd, sums);
 }

@@ -25,6 +25,7 @@ inline void bias_add_forward(Tensor& y, const Tensor& bias) {
 // dbias[n] = sum over b of dy[b, n]; overwrites dbias, or adds to it with ACCUMULATE (for a
 // batch processed in blocks of rows). dy is [B, N] f32.
 inline void bias_add_backward(const Tensor& dy, Tensor& dbias, bool accumulate = false) {
+  detail::require_disjoint("kernels::bias_add_backward", "dbias must not overlap dy", dy, dbias);
   MPT_DISPATCH_CUDA(dy, bias_add_backward, dy, dbias, accumulate);
   host::bias_add_backward(dy, dbias, accumulate);
 }

@@ -22,6 +22,9 @@ void round_and_widen(const Tensor& src, Tensor& rounded, Tensor& widened);
 // values beyond fp16's range become Inf. SRC and DST must hold the same number of elements and
 // must not overlap, unless they are the same tensor (same dtype: a no-op).
 inline void cast(const Tensor& src, Tensor& dst) {
+  if (src.raw() != dst.raw() || src.dtype() != dst.dtype())
+    detail::require_disjoint("kernels::cast",
+                             "src and dst must not overlap unless they are one tensor", src, dst);
   MPT_DISPATCH_CUDA(src, cast, src, dst);
   host::cast(src, dst);
 }
@@ -30,6 +33,12 @@ inline void cast(const Tensor& src, Tensor& dst) {
 // in one pass: how a model recasts its 16-bit working weights and the f32 copy it computes
 // with from the FP32 masters. All three hold the same number of elements and do not overlap.
 inline void round_and_widen(const Tensor& src, Tensor& rounded, Tensor& widened) {
+  detail::require_disjoint("kernels::round_and_widen", "rounded must not overlap src", src,
+                           rounded);
+  detail::require_disjoint("kernels::round_and_widen", "widened must not overlap src", src,
+                           widened);
+  detail::require_disjoint("kernels::round_and_widen", "widened must not overlap rounded",
+                           rounded, widened);
   MPT_DISPATCH_CUDA(src, round_and_widen, src, rounded, widened);
   host::round_and_widen(src, rounded, widened);
 }

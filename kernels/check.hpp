@@ -2,6 +2,9 @@
 // message is built only on failure, so a launcher never allocates in the training step.
 #pragma once
 
+#include <cstddef>
+#include <functional>
+
 #include "core/tensor.hpp"
 
 // The device dispatch of a launcher in kernels/<op>.hpp: when TENSOR is on the cuda device,
@@ -32,6 +35,25 @@ inline void require(bool ok, const char* op, const char* what, const Tensor& ten
 inline void require_pair(bool ok, const char* op, const char* what, const Tensor& a,
                          const Tensor& b) {
   if (!ok) fail_pair(op, what, a, b);
+}
+// True when A and B share a byte: two views of one buffer that meet, or one tensor passed twice.
+// Tensors are contiguous, so each is the byte range [raw, raw + size_bytes); an empty one shares
+// nothing. Tensors on two devices never share memory (CUDA's unified addressing keeps host and
+// device ranges apart).
+inline bool overlap(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || a.device() != b.device()) return false;
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const auto* pa = static_cast<const std::byte*>(a.raw());
+  const auto* pb = static_cast<const std::byte*>(b.raw());
+  return std::less<>{}(pa, pb + b.size_bytes()) && std::less<>{}(pb, pa + a.size_bytes());
+}
+// For an output that a kernel writes while it still reads an input (other rows or windows,
+// another layout or element width), where an overlap gives wrong values rather than an error:
+// OUT must share no byte with IN. Checked in the launchers of kernels/<op>.hpp, before the
+// device dispatch, so that the host and CUDA twins refuse alike.
+inline void require_disjoint(const char* op, const char* what, const Tensor& in,
+                             const Tensor& out) {
+  if (overlap(in, out)) fail_pair(op, what, in, out);
 }
 // A defined f32 tensor on the host: what every host kernel here computes on.
 inline void require_host_f32(const char* op, const char* what, const Tensor& tensor) {

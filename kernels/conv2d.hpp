@@ -87,6 +87,7 @@ class CudnnConv2d {
 // X) for f32 X holding B >= 1 whole samples of G's shape; COL is f32 [col_rows, B*col_columns],
 // caller-owned. B = 1 is one sample's [col_rows, col_columns] matrix.
 inline void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col) {
+  detail::require_disjoint("kernels::im2col", "col must not overlap x", x, col);
   MPT_DISPATCH_CUDA(x, im2col, x, g, col);
   host::im2col(x, g, col);
 }
@@ -95,6 +96,7 @@ inline void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col) {
 // B*col_columns]) over the windows that read each input element. Overwrites DX. COL is the
 // caller's scratch: its entries for windows over padding may be zeroed on the way.
 inline void col2im(Tensor& col, const Conv2dGeometry& g, Tensor& dx) {
+  detail::require_disjoint("kernels::col2im", "dx must not overlap col", col, dx);
   MPT_DISPATCH_CUDA(col, col2im, col, g, dx);
   host::col2im(col, g, dx);
 }
@@ -105,6 +107,10 @@ inline void col2im(Tensor& col, const Conv2dGeometry& g, Tensor& dx) {
 // caller-owned.
 inline void channel_rows_to_samples(const Tensor& rows, const Tensor& bias, Tensor& samples,
                                     bool relu = false) {
+  detail::require_disjoint("kernels::channel_rows_to_samples", "samples must not overlap rows",
+                           rows, samples);
+  detail::require_disjoint("kernels::channel_rows_to_samples", "samples must not overlap bias",
+                           bias, samples);
   MPT_DISPATCH_CUDA(rows, channel_rows_to_samples, rows, bias, samples, relu);
   host::channel_rows_to_samples(rows, bias, samples, relu);
 }
@@ -116,6 +122,11 @@ inline void channel_rows_to_samples(const Tensor& rows, const Tensor& bias, Tens
 // kernels::relu_backward.
 inline void samples_to_channel_rows(const Tensor& samples, Tensor& rows,
                                     const Tensor* relu_output = nullptr) {
+  detail::require_disjoint("kernels::samples_to_channel_rows", "rows must not overlap samples",
+                           samples, rows);
+  if (relu_output)
+    detail::require_disjoint("kernels::samples_to_channel_rows",
+                             "rows must not overlap relu_output", *relu_output, rows);
   MPT_DISPATCH_CUDA(samples, samples_to_channel_rows, samples, rows, relu_output);
   host::samples_to_channel_rows(samples, rows, relu_output);
 }
@@ -128,6 +139,8 @@ inline void channel_bias_forward(Tensor& y, const Tensor& bias) {
 
 // BIAS_GRAD[c] (+)= sum over p of DY[c, p]; overwrites unless ACCUMULATE.
 inline void channel_bias_backward(const Tensor& dy, Tensor& bias_grad, bool accumulate) {
+  detail::require_disjoint("kernels::channel_bias_backward", "bias_grad must not overlap dy", dy,
+                           bias_grad);
   MPT_DISPATCH_CUDA(dy, channel_bias_backward, dy, bias_grad, accumulate);
   host::channel_bias_backward(dy, bias_grad, accumulate);
 }

@@ -39,6 +39,8 @@ void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b
 // their dtype: FP32 accumulation on the tensor cores.
 inline void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
                    float beta = 0.f) {
+  detail::require_disjoint("kernels::matmul", "c must not overlap a", a, c);
+  detail::require_disjoint("kernels::matmul", "c must not overlap b", b, c);
   MPT_DISPATCH_CUDA(a, matmul, a, transpose_a, b, transpose_b, c, beta);
   host::matmul(a, transpose_a, b, transpose_b, c, beta);
 }

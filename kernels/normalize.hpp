@@ -17,6 +17,7 @@ void normalize_u8(const Tensor& in, Tensor& out, float scale, float shift);
 // out = in * scale + shift, elementwise. IN is u8, OUT is f32 with the same number of elements
 // (shapes may differ). For mean/std normalisation: scale = 1/(255*std), shift = -mean/std.
 inline void normalize_u8(const Tensor& in, Tensor& out, float scale, float shift) {
+  detail::require_disjoint("kernels::normalize_u8", "out must not overlap in", in, out);
   MPT_DISPATCH_CUDA(in, normalize_u8, in, out, scale, shift);
   host::normalize_u8(in, out, scale, shift);
 }

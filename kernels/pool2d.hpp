@@ -60,6 +60,7 @@ class CudnnPool2d {
 // Y = the maximum of each window, for X f32 holding whole planes (any batch x channels) and Y
 // holding as many output planes. A NaN in a window wins, so loss scaling sees it.
 inline void max_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor& y) {
+  detail::require_disjoint("kernels::max_pool2d_forward", "y must not overlap x", x, y);
   MPT_DISPATCH_CUDA(x, max_pool2d_forward, x, g, y);
   host::max_pool2d_forward(x, g, y);
 }
@@ -68,18 +69,22 @@ inline void max_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor&
 // kept), summed where windows overlap. Overwrites DX.
 inline void max_pool2d_backward(const Tensor& x, const Pool2dGeometry& g, const Tensor& dy,
                                 Tensor& dx) {
+  detail::require_disjoint("kernels::max_pool2d_backward", "dx must not overlap x", x, dx);
+  detail::require_disjoint("kernels::max_pool2d_backward", "dx must not overlap dy", dy, dx);
   MPT_DISPATCH_CUDA(x, max_pool2d_backward, x, g, dy, dx);
   host::max_pool2d_backward(x, g, dy, dx);
 }
 
 // Y = the mean of each window.
 inline void avg_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor& y) {
+  detail::require_disjoint("kernels::avg_pool2d_forward", "y must not overlap x", x, y);
   MPT_DISPATCH_CUDA(x, avg_pool2d_forward, x, g, y);
   host::avg_pool2d_forward(x, g, y);
 }
 
 // DX = DY / window size spread over each window, summed where windows overlap. Overwrites DX.
 inline void avg_pool2d_backward(const Pool2dGeometry& g, const Tensor& dy, Tensor& dx) {
+  detail::require_disjoint("kernels::avg_pool2d_backward", "dx must not overlap dy", dy, dx);
   MPT_DISPATCH_CUDA(dy, avg_pool2d_backward, g, dy, dx);
   host::avg_pool2d_backward(g, dy, dx);
 }

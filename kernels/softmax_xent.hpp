@@ -47,6 +47,10 @@ inline XentStats softmax_xent_forward(const Tensor& logits, const Tensor& labels
 // gradient of the mean loss.
 inline XentStats softmax_xent_forward_backward(const Tensor& logits, const Tensor& labels,
                                                Tensor& dlogits, float grad_scale) {
+  detail::require_disjoint("kernels::softmax_xent_forward_backward",
+                           "dlogits must not overlap logits", logits, dlogits);
+  detail::require_disjoint("kernels::softmax_xent_forward_backward",
+                           "dlogits must not overlap labels", labels, dlogits);
   MPT_DISPATCH_CUDA(logits, softmax_xent_forward_backward, logits, labels, dlogits,
                     grad_scale);
   return host::softmax_xent_forward_backward(logits, labels, dlogits, grad_scale);

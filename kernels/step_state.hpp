@@ -163,6 +163,12 @@ inline void begin_step(Tensor& state) {
 // state to report (the kernel cannot stop the job).
 inline void softmax_xent_step(const Tensor& logits, const Tensor& labels, Tensor& dlogits,
                               float grad_scale, Tensor& state) {
+  detail::require_disjoint("kernels::softmax_xent_step", "dlogits must not overlap logits",
+                           logits, dlogits);
+  detail::require_disjoint("kernels::softmax_xent_step", "dlogits must not overlap labels",
+                           labels, dlogits);
+  detail::require_disjoint("kernels::softmax_xent_step", "state must not overlap dlogits",
+                           dlogits, state);
   MPT_DISPATCH_CUDA(logits, softmax_xent_step, logits, labels, dlogits, grad_scale, state);
   host::softmax_xent_step(logits, labels, dlogits, grad_scale, state);
 }

@@ -21,6 +21,7 @@ void transpose_columns(const Tensor& a, std::int64_t column_begin, Tensor& at);
 // rows of AT [K, m] (COLUMN_BEGIN 0 and K = n: all of Aᵀ). Contiguous f32 tensors owned by the
 // caller, not overlapping.
 inline void transpose_columns(const Tensor& a, std::int64_t column_begin, Tensor& at) {
+  detail::require_disjoint("kernels::transpose_columns", "at must not overlap a", a, at);
   MPT_DISPATCH_CUDA(a, transpose_columns, a, column_begin, at);
   host::transpose_columns(a, column_begin, at);
 }

@@ -428,6 +428,8 @@ void CudnnConv2d::forward(const Tensor& x, const Tensor& weight, const Tensor& b
   detail::require(bias.numel() == s.out_channels, op, "bias must hold K elements", bias);
   require_cuda(op, "y must be in the planned dtype on the cuda device", y, s.dtype);
   detail::require_pair(y.numel() == n * out, op, "y must be [n, K, OH, OW] for x's n", x, y);
+  detail::require_disjoint(op, "y must not overlap x", x, y);
+  detail::require_disjoint(op, "y must not overlap weight", weight, y);
   if (n == 0) return;
   const BatchPlan& plan = s.plan_for(n);
   const cudnnHandle_t handle = cudnn_handle();  // bound to stream() on every call
@@ -488,6 +490,14 @@ void CudnnConv2d::backward(const Tensor& x, const Tensor& weight, const Tensor& 
     detail::require_pair(dx->defined() && dx->device() == Device::cuda &&
                              dx->dtype() == x.dtype() && dx->numel() == x.numel(),
                          op, "dx must be shaped like x, with x's dtype", x, *dx);
+  detail::require_disjoint(op, "weight_grad must not overlap x", x, weight_grad);
+  detail::require_disjoint(op, "weight_grad must not overlap dy", dy, weight_grad);
+  detail::require_disjoint(op, "bias_grad must not overlap dy", dy, bias_grad);
+  if (dx) {
+    detail::require_disjoint(op, "dx must not overlap dy", dy, *dx);
+    detail::require_disjoint(op, "dx must not overlap weight", weight, *dx);
+    detail::require_disjoint(op, "dx must not overlap weight_grad", weight_grad, *dx);
+  }
   if (n == 0) {  // sums over no samples
     zero_on_stream(weight_grad);
     zero_on_stream(bias_grad);

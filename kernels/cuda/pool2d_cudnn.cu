@@ -104,6 +104,7 @@ void CudnnPool2d::forward(const Tensor& x, Tensor& y) {
           s.channels * g.height * g.width, n);
   s.check(op, "y must be [n, C, OH, OW] in the planned dtype on the cuda device", y,
           s.channels * g.out_height() * g.out_width(), n);
+  detail::require_disjoint(op, "y must not overlap x", x, y);
   if (n == 0) return;
   const BatchDescriptors& d = s.descriptors(n);
   const float one = 1.f, zero = 0.f;  // float scaling factors for f32, f16 and bf16 tensors
@@ -123,6 +124,9 @@ void CudnnPool2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, T
   s.check(op, "y must be the forward's output, in the planned dtype", y, out, n);
   s.check(op, "dy must be shaped like y, in the planned dtype", dy, out, n);
   s.check(op, "dx must be shaped like x, in the planned dtype", dx, in, n);
+  detail::require_disjoint(op, "dx must not overlap x", x, dx);
+  detail::require_disjoint(op, "dx must not overlap y", y, dx);
+  detail::require_disjoint(op, "dx must not overlap dy", dy, dx);
   if (n == 0) return;
   const BatchDescriptors& d = s.descriptors(n);
   const float one = 1.f, zero = 0.f;

@@ -180,6 +180,31 @@ void cudnn_conv2d_cases(Harness& h, Random& rng) {
   };
   for (DType dtype : {DType::f32, DType::f16, DType::bf16})
     for (const ConvShape& s : shapes) check_conv(h, rng, s, dtype);
+  // An output over an input is refused before cuDNN is called (kernels/check.hpp,
+  // require_disjoint), with the pair named: cuDNN's own answer would be wrong values.
+  const kernels::Conv2dGeometry g{.channels = 1, .height = 4, .width = 4, .kernel = 3, .pad = 1};
+  kernels::cuda::CudnnConv2d conv;
+  if (!conv.plan(g, 2, 1, DType::f32, false)) {
+    std::printf("  note CudnnConv2d: no plan for the overlap checks (%s)\n",
+                conv.describe().c_str());
+    return;
+  }
+  const Tensor buffer({32}, DType::f32, Device::cuda);
+  const Tensor weight({2, 1, 3, 3}, DType::f32, Device::cuda), bias({2}, DType::f32, Device::cuda);
+  const Tensor x = Tensor::view(buffer, 0, {1, 1, 4, 4});
+  Tensor y_over_x = Tensor::view(buffer, 0, {1, 2, 4, 4});
+  h.expect_fatal("CudnnConv2d::forward into x's buffer",
+                 "kernels::cuda::CudnnConv2d::forward: y must not overlap x",
+                 [&] { conv.forward(x, weight, bias, y_over_x); });
+  const Tensor dy({1, 2, 4, 4}, DType::f32, Device::cuda);
+  const Tensor x_apart({1, 1, 4, 4}, DType::f32, Device::cuda);
+  Tensor weight_grad({2, 1, 3, 3}, DType::f32, Device::cuda);
+  Tensor bias_grad({2}, DType::f32, Device::cuda);
+  Tensor dx_in_dy = Tensor::view(dy, 16, {1, 1, 4, 4});
+  h.expect_fatal("CudnnConv2d::backward into dy's second channel",
+                 "kernels::cuda::CudnnConv2d::backward: dx must not overlap dy", [&] {
+                   conv.backward(x_apart, weight, dy, dy, weight_grad, bias_grad, &dx_in_dy);
+                 });
 }
 
 void cudnn_pool2d_cases(Harness& h, Random& rng) {
@@ -284,6 +309,14 @@ void cudnn_pool2d_cases(Harness& h, Random& rng) {
   for (std::int64_t i = 0; i < 16; ++i) same = same && got.data<float>()[i] == dx.data<float>()[i];
   std::printf("  note CudnnPool2d: ties in a max window go to %s\n",
               same ? "the first maximum, as on the host" : "another maximum than on the host");
+  // An output over an input is refused before cuDNN is called, with the pair named.
+  Tensor y_in_x = Tensor::view(xd, 12, {1, 1, 2, 2}), dx_is_x = xd;
+  h.expect_fatal("CudnnPool2d::forward into x's last row",
+                 "kernels::cuda::CudnnPool2d::forward: y must not overlap x",
+                 [&] { pool.forward(xd, y_in_x); });
+  h.expect_fatal("CudnnPool2d::backward into x",
+                 "kernels::cuda::CudnnPool2d::backward: dx must not overlap x",
+                 [&] { pool.backward(xd, yd, yd, dx_is_x); });
 }
 
 #else

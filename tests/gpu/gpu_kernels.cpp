@@ -9,6 +9,7 @@
 #include "core/device_memory.hpp"
 #include "tests/gpu/isolation.hpp"
 #include "tests/gpu/kernel_cases.hpp"
+#include "tests/gpu/overlap_cases.hpp"
 
 #ifdef MPTRAIN_HAVE_KOKKOS
 #include <Kokkos_Core.hpp>
@@ -52,6 +53,8 @@ int main(int argc, char** argv) {
         std::printf("case %s (%s)\n", entry.name, entry.header);
         Random rng(20261129 + static_cast<std::uint64_t>(i));
         entry.run(harness, rng);
+        // The header's refusals of an output over an input, on the device (overlap_cases.hpp).
+        check_overlap_refusals(harness, mpt::Device::cuda, entry.header);
       },
 #ifdef MPTRAIN_HAVE_KOKKOS
       [&] { Kokkos::initialize(argc, argv); },  // the host twins run on Kokkos in the full build

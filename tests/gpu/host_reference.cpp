@@ -18,6 +18,8 @@
 #include "kernels/softmax_xent.hpp"
 #include "kernels/unscale_check.hpp"
 #include "tests/gpu/harness.hpp"
+#include "tests/gpu/kernel_cases.hpp"
+#include "tests/gpu/overlap_cases.hpp"
 
 #ifdef MPTRAIN_HAVE_KOKKOS
 #include <Kokkos_Core.hpp>
@@ -111,6 +113,16 @@ void check_expect_fatal(Harness& h) {
            std::to_string(inner.failed()) + " of 5 failed");
 }
 
+// gpu_kernels runs the overlap rows of each case table header on the device: a row whose
+// header is not in the table would never run there.
+void check_overlap_headers(Harness& h) {
+  int matched = 0;
+  for (const KernelCase& row : kKernelCases) matched += overlap_rows(row.header);
+  h.expect(matched == overlap_rows() && matched > 0,
+           "every overlap row's header has a row in kernel_cases.hpp",
+           std::to_string(matched) + " of " + std::to_string(overlap_rows()) + " matched");
+}
+
 }  // namespace
 }  // namespace mpt::gpu_test
 
@@ -124,6 +136,8 @@ int main(int argc, char** argv) {
     mpt::gpu_test::check_matmul(harness, rng);
     mpt::gpu_test::check_reductions(harness, rng);
     mpt::gpu_test::check_expect_fatal(harness);
+    mpt::gpu_test::check_overlap_refusals(harness, mpt::Device::cpu);
+    mpt::gpu_test::check_overlap_headers(harness);
   }
 #ifdef MPTRAIN_HAVE_KOKKOS
   Kokkos::finalize();
