@@ -2,8 +2,7 @@
 // message is built only on failure, so a launcher never allocates in the training step.
 #pragma once
 
-#include <cstddef>
-#include <functional>
+#include <cstdint>
 
 #include "core/tensor.hpp"
 
@@ -43,9 +42,10 @@ inline void require_pair(bool ok, const char* op, const char* what, const Tensor
 inline bool overlap(const Tensor& a, const Tensor& b) {
   if (!a.defined() || !b.defined() || a.device() != b.device()) return false;
   if (a.numel() == 0 || b.numel() == 0) return false;
-  const auto* pa = static_cast<const std::byte*>(a.raw());
-  const auto* pb = static_cast<const std::byte*>(b.raw());
-  return std::less<>{}(pa, pb + b.size_bytes()) && std::less<>{}(pb, pa + a.size_bytes());
+  // As integers: pointers into two allocations have no order that < may rely on.
+  const auto pa = reinterpret_cast<std::uintptr_t>(a.raw());
+  const auto pb = reinterpret_cast<std::uintptr_t>(b.raw());
+  return pa < pb + b.size_bytes() && pb < pa + a.size_bytes();
 }
 // For an output that a kernel writes while it still reads an input (other rows or windows,
 // another layout or element width), where an overlap gives wrong values rather than an error:
