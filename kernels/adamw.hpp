@@ -45,6 +45,10 @@ void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& 
 inline void adamw_update(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
                          const Tensor* decay_mask, const AdamwStep& step, Tensor* rounded = nullptr,
                          Tensor* widened = nullptr, const Tensor* control = nullptr) {
+  detail::require_pairwise_disjoint(
+      "kernels::adamw_update", {{"params", &params}, {"grads", &grads}, {"exp_avg", &exp_avg},
+                                {"exp_avg_sq", &exp_avg_sq}, {"decay_mask", decay_mask},
+                                {"rounded", rounded}, {"widened", widened}, {"control", control}});
   MPT_DISPATCH_CUDA(params, adamw_update, params, grads, exp_avg, exp_avg_sq, decay_mask, step,
                     rounded, widened, control);
   host::adamw_update(params, grads, exp_avg, exp_avg_sq, decay_mask, step, rounded, widened,

@@ -56,6 +56,8 @@ inline void batchnorm_sums(const Tensor& x, std::int64_t channels, Tensor& sums)
 // Y = X * SCALE[c] + SHIFT[c]. X and Y may have different storage dtypes, and may alias.
 inline void batchnorm_apply(const Tensor& x, std::int64_t channels, const Tensor& scale,
                             const Tensor& shift, Tensor& y) {
+  detail::require_same_or_disjoint("kernels::batchnorm_apply", "y must be x or not overlap it", x,
+                                   y);
   MPT_DISPATCH_CUDA(x, batchnorm_apply, x, channels, scale, shift, y);
   host::batchnorm_apply(x, channels, scale, shift, y);
 }
@@ -76,6 +78,10 @@ inline void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, std::int6
 inline void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, std::int64_t channels,
                                   const Tensor& mean, const Tensor& dy_coef, const Tensor& x_coef,
                                   const Tensor& bias, Tensor& dx) {
+  detail::require_same_or_disjoint("kernels::batchnorm_backward_dx",
+                                   "dx must be dy or not overlap it", dy, dx);
+  detail::require_same_or_disjoint("kernels::batchnorm_backward_dx",
+                                   "dx must be x or not overlap it", x, dx);
   MPT_DISPATCH_CUDA(x, batchnorm_backward_dx, x, dy, channels, mean, dy_coef, x_coef, bias, dx);
   host::batchnorm_backward_dx(x, dy, channels, mean, dy_coef, x_coef, bias, dx);
 }

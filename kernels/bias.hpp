@@ -18,6 +18,7 @@ void bias_add_backward(const Tensor& dy, Tensor& dbias, bool accumulate);
 
 // y[b, n] += bias[n], in place. y is [B, N] f32, bias is [N] f32.
 inline void bias_add_forward(Tensor& y, const Tensor& bias) {
+  detail::require_disjoint("kernels::bias_add_forward", "y must not overlap bias", bias, y);
   MPT_DISPATCH_CUDA(y, bias_add_forward, y, bias);
   host::bias_add_forward(y, bias);
 }

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 
 #include "core/tensor.hpp"
 
@@ -54,6 +56,29 @@ inline bool overlap(const Tensor& a, const Tensor& b) {
 inline void require_disjoint(const char* op, const char* what, const Tensor& in,
                              const Tensor& out) {
   if (overlap(in, out)) fail_pair(op, what, in, out);
+}
+// For element-wise kernels, which may run in place: OUT is IN itself (the same first byte, dtype
+// and element count) or shares no byte with it. A shifted view, or another element width over
+// the same bytes, would read elements that the kernel has already written.
+inline void require_same_or_disjoint(const char* op, const char* what, const Tensor& in,
+                                     const Tensor& out) {
+  if (overlap(in, out) &&
+      !(in.raw() == out.raw() && in.dtype() == out.dtype() && in.numel() == out.numel()))
+    fail_pair(op, what, in, out);
+}
+// One of the buffers that a kernel updates at the same index (an optimizer's parameters, its
+// gradients, its state, the recast copies); TENSOR may be null for an optional one.
+struct Operand {
+  const char* name;
+  const Tensor* tensor;
+};
+// No two of OPERANDS share a byte: "OP: <later> must not overlap <earlier>" otherwise.
+inline void require_pairwise_disjoint(const char* op, std::initializer_list<Operand> operands) {
+  for (auto later = operands.begin(); later != operands.end(); ++later)
+    for (auto earlier = operands.begin(); earlier != later; ++earlier)
+      if (later->tensor && earlier->tensor && overlap(*earlier->tensor, *later->tensor))
+        fail_pair(op, (std::string(later->name) + " must not overlap " + earlier->name).c_str(),
+                  *earlier->tensor, *later->tensor);
 }
 // A defined f32 tensor on the host: what every host kernel here computes on.
 inline void require_host_f32(const char* op, const char* what, const Tensor& tensor) {

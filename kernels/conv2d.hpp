@@ -133,6 +133,7 @@ inline void samples_to_channel_rows(const Tensor& samples, Tensor& rows,
 
 // Y[c, p] += BIAS[c] for f32 Y [C, P] (channels first, as a conv output sample is).
 inline void channel_bias_forward(Tensor& y, const Tensor& bias) {
+  detail::require_disjoint("kernels::channel_bias_forward", "y must not overlap bias", bias, y);
   MPT_DISPATCH_CUDA(y, channel_bias_forward, y, bias);
   host::channel_bias_forward(y, bias);
 }

@@ -34,12 +34,16 @@ void dropout_backward(const Tensor& dy, float p, const DropoutKey& key, Tensor& 
 // Y = X / (1 - P) where kept, else 0, for 0 <= P < 1. X and Y (same element count) may differ
 // in storage dtype (f32, f16, bf16) and may alias.
 inline void dropout_forward(const Tensor& x, float p, const DropoutKey& key, Tensor& y) {
+  detail::require_same_or_disjoint("kernels::dropout_forward", "y must be x or not overlap it", x,
+                                   y);
   MPT_DISPATCH_CUDA(x, dropout_forward, x, p, key, y);
   host::dropout_forward(x, p, key, y);
 }
 
 // DX = DY / (1 - P) where the forward with the same P and KEY kept, else 0. DX may alias DY.
 inline void dropout_backward(const Tensor& dy, float p, const DropoutKey& key, Tensor& dx) {
+  detail::require_same_or_disjoint("kernels::dropout_backward", "dx must be dy or not overlap it",
+                                   dy, dx);
   MPT_DISPATCH_CUDA(dy, dropout_backward, dy, p, key, dx);
   host::dropout_backward(dy, p, key, dx);
 }

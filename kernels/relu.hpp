@@ -19,12 +19,17 @@ void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
 
 // y = max(x, 0), NaN propagates (so that loss scaling sees an overflow). x and y may alias.
 inline void relu_forward(const Tensor& x, Tensor& y) {
+  detail::require_same_or_disjoint("kernels::relu_forward", "y must be x or not overlap it", x, y);
   MPT_DISPATCH_CUDA(x, relu_forward, x, y);
   host::relu_forward(x, y);
 }
 
 // dx = dy where y > 0, else 0; Y is the forward output. dx and dy may alias.
 inline void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  detail::require_same_or_disjoint("kernels::relu_backward", "dx must be y or not overlap it", y,
+                                   dx);
+  detail::require_same_or_disjoint("kernels::relu_backward", "dx must be dy or not overlap it", dy,
+                                   dx);
   MPT_DISPATCH_CUDA(y, relu_backward, y, dy, dx);
   host::relu_backward(y, dy, dx);
 }

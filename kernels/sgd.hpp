@@ -38,6 +38,10 @@ inline void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buf
                        float momentum, float weight_decay, bool nesterov, bool first_step,
                        Tensor* rounded = nullptr, Tensor* widened = nullptr,
                        const Tensor* control = nullptr) {
+  detail::require_pairwise_disjoint(
+      "kernels::sgd_update", {{"params", &params}, {"grads", &grads},
+                              {"momentum_buffer", &momentum_buffer}, {"rounded", rounded},
+                              {"widened", widened}, {"control", control}});
   MPT_DISPATCH_CUDA(params, sgd_update, params, grads, momentum_buffer, lr, momentum, weight_decay,
                     nesterov, first_step, rounded, widened, control);
   host::sgd_update(params, grads, momentum_buffer, lr, momentum, weight_decay, nesterov,

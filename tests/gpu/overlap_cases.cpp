@@ -6,13 +6,19 @@
 #include <memory>
 #include <string>
 
+#include "kernels/adamw.hpp"
+#include "kernels/add.hpp"
 #include "kernels/batchnorm.hpp"
 #include "kernels/bias.hpp"
 #include "kernels/cast.hpp"
 #include "kernels/conv2d.hpp"
+#include "kernels/dropout.hpp"
+#include "kernels/gelu.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/normalize.hpp"
 #include "kernels/pool2d.hpp"
+#include "kernels/relu.hpp"
+#include "kernels/sgd.hpp"
 #include "kernels/softmax_xent.hpp"
 #include "kernels/step_state.hpp"
 #include "kernels/transpose.hpp"
@@ -129,6 +135,11 @@ void overlap_conv2d(Harness& h, Device d) {
   h.expect_fatal("channel_bias_backward into dy" + on(d),
                  "kernels::channel_bias_backward: bias_grad must not overlap dy",
                  [&] { kernels::channel_bias_backward(dy, bias_grad, false); });
+  Tensor y({2, 8}, DType::f32, d);
+  const Tensor bias_in_y = Tensor::view(y, 0, {2});
+  h.expect_fatal("channel_bias_forward with its bias in y" + on(d),
+                 "kernels::channel_bias_forward: y must not overlap bias",
+                 [&] { kernels::channel_bias_forward(y, bias_in_y); });
 }
 
 void overlap_bias(Harness& h, Device d) {
@@ -137,6 +148,11 @@ void overlap_bias(Harness& h, Device d) {
   h.expect_fatal("bias_add_backward into dy's last row" + on(d),
                  "kernels::bias_add_backward: dbias must not overlap dy",
                  [&] { kernels::bias_add_backward(dy, dbias); });
+  Tensor y({3, 5}, DType::f32, d);
+  const Tensor bias_in_y = Tensor::view(y, 10, {5});
+  h.expect_fatal("bias_add_forward with its bias in y" + on(d),
+                 "kernels::bias_add_forward: y must not overlap bias",
+                 [&] { kernels::bias_add_forward(y, bias_in_y); });
 }
 
 void overlap_pool2d(Harness& h, Device d) {
@@ -173,6 +189,97 @@ void overlap_batchnorm(Harness& h, Device d) {
   h.expect_fatal("batchnorm_backward_sums into dy" + on(d),
                  "kernels::batchnorm_backward_sums: sums must not overlap dy",
                  [&] { kernels::batchnorm_backward_sums(x, dy, 3, mean, invstd, sums_in_dy); });
+  // Apply and dx are element-wise: in place, but not shifted, nor in another width.
+  const Tensor scale({3}, DType::f32, d), shift({3}, DType::f32, d);
+  const Tensor buffer({30}, DType::f32, d);
+  const Tensor xb = Tensor::view(buffer, 0, {2, 3, 4});
+  Tensor shifted = Tensor::view(buffer, 6, {2, 3, 4});
+  h.expect_fatal("batchnorm_apply into a shifted view of x" + on(d),
+                 "kernels::batchnorm_apply: y must be x or not overlap it",
+                 [&] { kernels::batchnorm_apply(xb, 3, scale, shift, shifted); });
+  const Tensor dy_coef({3}, DType::f32, d), x_coef({3}, DType::f32, d), bias({3}, DType::f32, d);
+  h.expect_fatal("batchnorm_backward_dx into a shifted view of dy" + on(d),
+                 "kernels::batchnorm_backward_dx: dx must be dy or not overlap it", [&] {
+                   kernels::batchnorm_backward_dx(x, xb, 3, mean, dy_coef, x_coef, bias, shifted);
+                 });
+  if (d != Device::cpu) return;
+  Tensor narrow = reinterpret(x, {2, 3, 4}, DType::f16);
+  h.expect_fatal("batchnorm_apply f32 -> f16 over x's own bytes" + on(d),
+                 "kernels::batchnorm_apply: y must be x or not overlap it",
+                 [&] { kernels::batchnorm_apply(x, 3, scale, shift, narrow); });
+}
+
+// Element-wise ops may run in place (the output is the input itself), but not into a shifted
+// view of it, nor in another width over its bytes.
+void overlap_add(Harness& h, Device d) {
+  const Tensor buffer({80}, DType::f32, d), b({64}, DType::f32, d);
+  const Tensor a = Tensor::view(buffer, 0, {64});
+  Tensor shifted = Tensor::view(buffer, 16, {64});
+  h.expect_fatal("add into a shifted view of a" + on(d),
+                 "kernels::add: y must be a or not overlap it",
+                 [&] { kernels::add(a, b, shifted); });
+  Tensor b_shifted = Tensor::view(buffer, 1, {64});
+  h.expect_fatal("add into a shifted view of b" + on(d),
+                 "kernels::add: y must be b or not overlap it",
+                 [&] { kernels::add(b, a, b_shifted); });
+}
+
+void overlap_relu(Harness& h, Device d) {
+  const Tensor buffer({80}, DType::f32, d), dy({64}, DType::f32, d);
+  const Tensor x = Tensor::view(buffer, 0, {64});
+  Tensor shifted = Tensor::view(buffer, 1, {64});
+  h.expect_fatal("relu_forward into a shifted view of x" + on(d),
+                 "kernels::relu_forward: y must be x or not overlap it",
+                 [&] { kernels::relu_forward(x, shifted); });
+  h.expect_fatal("relu_backward into a shifted view of y" + on(d),
+                 "kernels::relu_backward: dx must be y or not overlap it",
+                 [&] { kernels::relu_backward(x, dy, shifted); });
+}
+
+void overlap_gelu(Harness& h, Device d) {
+  const Tensor buffer({80}, DType::f32, d), dy({64}, DType::f32, d);
+  const Tensor x = Tensor::view(buffer, 0, {64});
+  Tensor shifted = Tensor::view(buffer, 8, {64});
+  h.expect_fatal("gelu_forward into a shifted view of x" + on(d),
+                 "kernels::gelu_forward: y must be x or not overlap it",
+                 [&] { kernels::gelu_forward(x, shifted); });
+  Tensor dx_over_dy = Tensor::view(dy, 0, {32});
+  const Tensor x32({32}, DType::f32, d);
+  const Tensor dy_tail = Tensor::view(dy, 16, {32});
+  h.expect_fatal("gelu_backward into a view before dy" + on(d),
+                 "kernels::gelu_backward: dx must be dy or not overlap it",
+                 [&] { kernels::gelu_backward(x32, dy_tail, dx_over_dy); });
+}
+
+void overlap_dropout(Harness& h, Device d) {
+  const Tensor buffer({80}, DType::f32, d);
+  const Tensor x = Tensor::view(buffer, 0, {64});
+  Tensor shifted = Tensor::view(buffer, 4, {64});
+  h.expect_fatal("dropout_forward into a shifted view of x" + on(d),
+                 "kernels::dropout_forward: y must be x or not overlap it",
+                 [&] { kernels::dropout_forward(x, 0.5f, {}, shifted); });
+  h.expect_fatal("dropout_backward into a shifted view of dy" + on(d),
+                 "kernels::dropout_backward: dx must be dy or not overlap it",
+                 [&] { kernels::dropout_backward(x, 0.5f, {}, shifted); });
+}
+
+// An optimizer updates its buffers at one index each: no two of them may share a byte.
+void overlap_sgd(Harness& h, Device d) {
+  Tensor params({64}, DType::f32, d), momentum = params;
+  const Tensor grads({64}, DType::f32, d);
+  h.expect_fatal("sgd_update with params as its momentum buffer" + on(d),
+                 "kernels::sgd_update: momentum_buffer must not overlap params", [&] {
+                   kernels::sgd_update(params, grads, momentum, 0.1f, 0.9f, 0.f, false, false);
+                 });
+}
+
+void overlap_adamw(Harness& h, Device d) {
+  Tensor params({64}, DType::f32, d), state({96}, DType::f32, d);
+  const Tensor grads({64}, DType::f32, d);
+  Tensor exp_avg = Tensor::view(state, 0, {64}), exp_avg_sq = Tensor::view(state, 32, {64});
+  h.expect_fatal("adamw_update with its moments in one buffer, overlapping" + on(d),
+                 "kernels::adamw_update: exp_avg_sq must not overlap exp_avg",
+                 [&] { kernels::adamw_update(params, grads, exp_avg, exp_avg_sq, nullptr, {}); });
 }
 
 struct OverlapCase {
@@ -181,6 +288,12 @@ struct OverlapCase {
 };
 
 constexpr OverlapCase kOverlapCases[] = {
+    {"adamw.hpp", overlap_adamw},
+    {"add.hpp", overlap_add},
+    {"dropout.hpp", overlap_dropout},
+    {"gelu.hpp", overlap_gelu},
+    {"relu.hpp", overlap_relu},
+    {"sgd.hpp", overlap_sgd},
     {"batchnorm.hpp", overlap_batchnorm},
     {"bias.hpp", overlap_bias},
     {"cast.hpp", overlap_cast},

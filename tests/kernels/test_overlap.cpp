@@ -1,14 +1,17 @@
 // kernels::detail::overlap, which the launchers' require_disjoint refuses an output by: views
 // of one buffer that meet overlap, views that only touch do not; and the launchers still take
-// outputs that sit right after an input in one planned buffer, and a cast onto itself. The
-// refusals themselves, on the host and the device, are tests/gpu/overlap_cases.cpp.
+// outputs that sit right after an input in one planned buffer, a cast onto itself, and
+// element-wise ops in place. The refusals themselves, on the host and the device, are
+// tests/gpu/overlap_cases.cpp.
 #include <gtest/gtest.h>
 
 #include <memory>
 
+#include "kernels/add.hpp"
 #include "kernels/cast.hpp"
 #include "kernels/check.hpp"
 #include "kernels/matmul.hpp"
+#include "kernels/relu.hpp"
 #include "random_fill.hpp"
 
 namespace mpt::kernels {
@@ -61,6 +64,18 @@ TEST(Overlap, LaunchersTakeOutputsThatOnlyTouchTheirInputs) {
   Tensor same = apart;
   cast(apart, same);
   for (std::int64_t i = 0; i < 16; ++i) EXPECT_EQ(same.data<float>()[i], c.data<float>()[i]);
+}
+
+TEST(Overlap, ElementWiseOpsStillRunInPlace) {
+  // require_same_or_disjoint lets the output be the input itself: a residual add into its
+  // own input, a ReLU over its own buffer.
+  Tensor a = test::random_tensor({64}, 7);
+  const Tensor b = test::random_tensor({64}, 8), a_before = test::random_tensor({64}, 7);
+  add(a, b, a);
+  for (std::int64_t i = 0; i < 64; ++i)
+    EXPECT_EQ(a.data<float>()[i], a_before.data<float>()[i] + b.data<float>()[i]);
+  relu_forward(a, a);
+  for (std::int64_t i = 0; i < 64; ++i) EXPECT_GE(a.data<float>()[i], 0.f);
 }
 
 }  // namespace
