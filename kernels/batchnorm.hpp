@@ -53,7 +53,7 @@ inline void batchnorm_sums(const Tensor& x, std::int64_t channels, Tensor& sums)
   host::batchnorm_sums(x, channels, sums);
 }
 
-// Y = X * SCALE[c] + SHIFT[c]. X and Y may have different storage dtypes, and may alias.
+// Y = X * SCALE[c] + SHIFT[c]. X and Y may have different storage dtypes, or Y may be X itself.
 inline void batchnorm_apply(const Tensor& x, std::int64_t channels, const Tensor& scale,
                             const Tensor& shift, Tensor& y) {
   detail::require_same_or_disjoint("kernels::batchnorm_apply", "y must be x or not overlap it", x,

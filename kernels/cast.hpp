@@ -22,9 +22,8 @@ void round_and_widen(const Tensor& src, Tensor& rounded, Tensor& widened);
 // values beyond fp16's range become Inf. SRC and DST must hold the same number of elements and
 // must not overlap, unless they are the same tensor (same dtype: a no-op).
 inline void cast(const Tensor& src, Tensor& dst) {
-  if (src.raw() != dst.raw() || src.dtype() != dst.dtype())
-    detail::require_disjoint("kernels::cast",
-                             "src and dst must not overlap unless they are one tensor", src, dst);
+  detail::require_same_or_disjoint(
+      "kernels::cast", "src and dst must not overlap unless they are one tensor", src, dst);
   MPT_DISPATCH_CUDA(src, cast, src, dst);
   host::cast(src, dst);
 }

@@ -32,7 +32,7 @@ void dropout_backward(const Tensor& dy, float p, const DropoutKey& key, Tensor& 
 }  // namespace cuda
 
 // Y = X / (1 - P) where kept, else 0, for 0 <= P < 1. X and Y (same element count) may differ
-// in storage dtype (f32, f16, bf16) and may alias.
+// in storage dtype (f32, f16, bf16), or Y may be X itself.
 inline void dropout_forward(const Tensor& x, float p, const DropoutKey& key, Tensor& y) {
   detail::require_same_or_disjoint("kernels::dropout_forward", "y must be x or not overlap it", x,
                                    y);
