@@ -84,8 +84,9 @@ class CudnnConv2d {
 }  // namespace cuda
 
 // COL[c*K*K + i*K + j, b*OH*OW + oh*OW + ow] = X[b, c, oh*S - P + i, ow*S - P + j] (0 outside
-// X) for f32 X holding B >= 1 whole samples of G's shape; COL is f32 [col_rows, B*col_columns],
-// caller-owned. B = 1 is one sample's [col_rows, col_columns] matrix.
+// X) for X holding B >= 1 whole samples of G's shape; COL is [col_rows, B*col_columns] in X's
+// dtype (f32, f16 or bf16: a copy, exact in any width), caller-owned. B = 1 is one sample's
+// [col_rows, col_columns] matrix.
 inline void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col) {
   detail::require_disjoint("kernels::im2col", "col must not overlap x", x, col);
   MPT_DISPATCH_CUDA(x, im2col, x, g, col);

@@ -86,19 +86,10 @@ __global__ void channel_sums_kernel(const float* dy, std::int64_t channels, std:
   }
 }
 
-}  // namespace
-
-void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col) {
-  constexpr const char* op = "kernels::cuda::im2col";
-  const Window w = window_of(op, g, x);
-  const std::int64_t samples = check_samples(
-      op, "x must hold whole f32 samples of the geometry's shape on the cuda device", x, w);
-  const std::int64_t positions = w.positions(), row_length = samples * positions;
-  check_numel(op, "col must be f32 [C*K*K, samples*OH*OW] on the cuda device", col,
-              w.col_rows() * row_length);
-  const float* in = x.data<float>();
-  float* out = col.data<float>();
-  const std::int64_t sample_size = w.sample_size();
+// COL[row, column] = X's element under window COLUMN's tap ROW, or T{} (+0) over the padding.
+template <typename T>
+void im2col_typed(const char* op, const Window& w, const T* in, T* out, std::int64_t row_length) {
+  const std::int64_t positions = w.positions(), sample_size = w.sample_size();
   // COL[row, column]: row = (c, i, j) tap, column = (b, oh, ow) window.
   launch_elementwise(op, w.col_rows() * row_length, [=] __device__(std::int64_t index) {
     const std::int64_t row = index / row_length, column = index % row_length;
@@ -107,11 +98,38 @@ void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col) {
     const std::int64_t b = column / positions, e = column % positions;
     const std::int64_t oh = e / w.out_width, ow = e % w.out_width;
     const std::int64_t ih = oh * w.stride - w.pad + i, iw = ow * w.stride - w.pad + j;
-    float value = 0.f;  // padding
+    T value{};  // padding
     if (ih >= 0 && ih < w.height && iw >= 0 && iw < w.width)
       value = in[b * sample_size + (c * w.height + ih) * w.width + iw];
     out[index] = value;
   });
+}
+
+}  // namespace
+
+void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col) {
+  constexpr const char* op = "kernels::cuda::im2col";
+  const Window w = window_of(op, g, x);
+  const DType dtype = x.defined() ? x.dtype() : DType::f32;
+  const std::int64_t sample = w.sample_size();
+  detail::require(x.defined() && x.device() == Device::cuda &&
+                      (dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16) &&
+                      x.numel() >= sample && x.numel() % sample == 0,
+                  op,
+                  "x must hold whole f32, f16 or bf16 samples of the geometry's shape on the cuda "
+                  "device",
+                  x);
+  const std::int64_t samples = x.numel() / sample;
+  const std::int64_t positions = w.positions(), row_length = samples * positions;
+  detail::require_pair(col.defined() && col.device() == Device::cuda && col.dtype() == dtype &&
+                           col.numel() == w.col_rows() * row_length,
+                       op, "col must be [C*K*K, samples*OH*OW] in x's dtype on the cuda device", x,
+                       col);
+  if (dtype == DType::f32)
+    im2col_typed(op, w, x.data<float>(), col.data<float>(), row_length);
+  else  // a copy: the 16-bit patterns as they are (+0 is all zero bits in f16 and bf16)
+    im2col_typed(op, w, static_cast<const std::uint16_t*>(x.raw()),
+                 static_cast<std::uint16_t*>(col.raw()), row_length);
 }
 
 void col2im(Tensor& col, const Conv2dGeometry& g, Tensor& dx) {

@@ -75,17 +75,18 @@ bool column_masks(const Conv2dGeometry& g, std::uint32_t* masks) {
 inline float masked(float v, std::uint32_t mask) {
   return std::bit_cast<float>(std::bit_cast<std::uint32_t>(v) & mask);
 }
-}  // namespace
+// A 16-bit element's bits (f16 or bf16: +0 is all zero bits in both), masked the same way.
+inline std::uint16_t masked(std::uint16_t v, std::uint32_t mask) {
+  return static_cast<std::uint16_t>(v & mask);
+}
 
-void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col) {
+// im2col over elements of type T (float, or the bits of a 16-bit float): a copy, so the dtype
+// only sets the width.
+template <typename T>
+void im2col_typed(const Tensor& x, const Conv2dGeometry& g, Tensor& col, std::int64_t samples) {
   static const std::string label = "kernels::im2col";
-  constexpr const char* op = "kernels::im2col";
-  const std::int64_t samples =
-      check_samples(op, "x must hold whole f32 samples of the geometry's shape", x, g);
-  check_sample(op, "col must be f32 [C*K*K, samples*OH*OW]", col,
-               g.col_rows() * samples * g.col_columns());
-  const float* in = x.data<float>();
-  float* out = col.data<float>();
+  const T* in = static_cast<const T*>(x.raw());
+  T* out = static_cast<T*>(col.raw());
   const std::int64_t oh_n = g.out_height(), ow_n = g.out_width(), k = g.kernel;
   const std::int64_t positions = oh_n * ow_n, sample_size = g.channels * g.height * g.width;
   const std::int64_t row_length = samples * positions;
@@ -104,8 +105,8 @@ void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col) {
       const std::int64_t oh_end = std::clamp<std::int64_t>(
           (g.height + g.pad - i + g.stride - 1) / g.stride, oh_begin, oh_n);
       for (std::int64_t b = 0; b < samples; ++b) {
-        float* dst = out + row * row_length + b * positions;
-        const float* plane = in + b * sample_size + c * g.height * g.width;
+        T* dst = out + row * row_length + b * positions;
+        const T* plane = in + b * sample_size + c * g.height * g.width;
         if (masks && oh_end > oh_begin && inside.end > inside.begin) {
           // Output (oh, ow) reads input element oh*W + ow + shift; the copy runs from the first
           // valid element of the first row to the last of the last, so it stays in the plane.
@@ -113,30 +114,49 @@ void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col) {
           const std::int64_t first = oh_begin * ow_n + inside.begin;
           const std::int64_t last = (oh_end - 1) * ow_n + inside.end;
           const std::uint32_t* mask = masks + j * positions;
-          for (std::int64_t e = 0; e < first; ++e) dst[e] = 0.f;
+          for (std::int64_t e = 0; e < first; ++e) dst[e] = T{};
           for (std::int64_t e = first; e < last; ++e) dst[e] = masked(plane[e + shift], mask[e]);
-          for (std::int64_t e = last; e < positions; ++e) dst[e] = 0.f;
+          for (std::int64_t e = last; e < positions; ++e) dst[e] = T{};
           continue;
         }
-        for (std::int64_t e = 0; e < oh_begin * ow_n; ++e) dst[e] = 0.f;
-        for (std::int64_t e = oh_end * ow_n; e < positions; ++e) dst[e] = 0.f;
+        for (std::int64_t e = 0; e < oh_begin * ow_n; ++e) dst[e] = T{};
+        for (std::int64_t e = oh_end * ow_n; e < positions; ++e) dst[e] = T{};
         for (std::int64_t oh = oh_begin; oh < oh_end; ++oh) {
-          float* dst_row = dst + oh * ow_n;
+          T* dst_row = dst + oh * ow_n;
           // Output column ow reads input column ow*S + shift.
-          const float* src = plane + (oh * g.stride - g.pad + i) * g.width;
+          const T* src = plane + (oh * g.stride - g.pad + i) * g.width;
           const std::int64_t shift = j - g.pad;
-          for (std::int64_t ow = 0; ow < inside.begin; ++ow) dst_row[ow] = 0.f;
+          for (std::int64_t ow = 0; ow < inside.begin; ++ow) dst_row[ow] = T{};
           if (g.stride == 1)
             for (std::int64_t ow = inside.begin; ow < inside.end; ++ow)
               dst_row[ow] = src[ow + shift];
           else
             for (std::int64_t ow = inside.begin; ow < inside.end; ++ow)
               dst_row[ow] = src[ow * g.stride + shift];
-          for (std::int64_t ow = inside.end; ow < ow_n; ++ow) dst_row[ow] = 0.f;
+          for (std::int64_t ow = inside.end; ow < ow_n; ++ow) dst_row[ow] = T{};
         }
       }
     }
   });
+}
+}  // namespace
+
+void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& col) {
+  constexpr const char* op = "kernels::im2col";
+  const DType dtype = x.defined() ? x.dtype() : DType::f32;
+  const std::int64_t sample = g.channels * g.height * g.width;
+  detail::require(x.defined() && x.device() == Device::cpu &&
+                      (dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16) &&
+                      x.numel() >= sample && x.numel() % sample == 0,
+                  op, "x must hold whole f32, f16 or bf16 samples of the geometry's shape", x);
+  const std::int64_t samples = x.numel() / sample;
+  detail::require_pair(col.defined() && col.device() == Device::cpu && col.dtype() == dtype &&
+                           col.numel() == g.col_rows() * samples * g.col_columns(),
+                       op, "col must be [C*K*K, samples*OH*OW] in x's dtype", x, col);
+  if (dtype == DType::f32)
+    im2col_typed<float>(x, g, col, samples);
+  else
+    im2col_typed<std::uint16_t>(x, g, col, samples);
 }
 
 void col2im(Tensor& col, const Conv2dGeometry& g, Tensor& dx) {

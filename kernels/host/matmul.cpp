@@ -34,11 +34,13 @@ constexpr MatmulBackend kDefaultBackend = MatmulBackend::blas;
 
 std::atomic<MatmulBackend> selected_backend{kDefaultBackend};
 
-// The problem after shape checks: C[m, n] = op(A)[m, k] · op(B)[k, n] + beta C.
+// The problem after shape checks: C[m, n] = op(A)[m, k] · op(B)[k, n] + beta C, with A and B
+// in INPUT (f32, or bf16 on a CPU with bf16 dot products) and C in OUTPUT (f32 or INPUT).
 struct MatmulShape {
   std::int64_t m, n, k;
   bool transpose_a, transpose_b;
   float beta;
+  DType input = DType::f32, output = DType::f32;
   bool operator==(const MatmulShape&) const = default;
 };
 
@@ -117,7 +119,8 @@ struct MatmulShapeHash {
     std::size_t h = static_cast<std::size_t>(s.m);
     for (std::size_t v : {static_cast<std::size_t>(s.n), static_cast<std::size_t>(s.k),
                           static_cast<std::size_t>(s.transpose_a) * 2 + s.transpose_b,
-                          static_cast<std::size_t>(beta_bits)})
+                          static_cast<std::size_t>(beta_bits),
+                          static_cast<std::size_t>(s.input) * 16 + static_cast<std::size_t>(s.output)})
       h = h * 0x9E3779B97F4A7C15ull + v;
     return h;
   }
@@ -136,7 +139,7 @@ class DnnlMatmulCache {
     return cache;
   }
 
-  void run(const MatmulShape& s, const float* a, const float* b, float* c) {
+  void run(const MatmulShape& s, const void* a, const void* b, void* c) {
     // One lock per call: cheap next to a matmul, and it makes the cached memory objects (whose
     // handles are swapped per call) safe if two threads ever multiply at once.
     std::lock_guard<std::mutex> lock(mutex_);
@@ -144,8 +147,8 @@ class DnnlMatmulCache {
     if (found == entries_.end()) found = entries_.emplace(s, create(s)).first;
     DnnlMatmul& entry = found->second;
     // oneDNN takes const-less handles; it does not write through src or weights.
-    entry.src.set_data_handle(const_cast<float*>(a));
-    entry.weights.set_data_handle(const_cast<float*>(b));
+    entry.src.set_data_handle(const_cast<void*>(a));
+    entry.weights.set_data_handle(const_cast<void*>(b));
     entry.dst.set_data_handle(c);
     // The C API takes a plain array of arguments; the C++ execute() would build an
     // unordered_map on every call.
@@ -160,6 +163,7 @@ class DnnlMatmulCache {
                            dnnl_status_text(status) + " on m=" + std::to_string(s.m) +
                                " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) +
                                (s.transpose_a ? " A^T" : "") + (s.transpose_b ? " B^T" : "") +
+                               " " + dtype_name(s.input) + "->" + dtype_name(s.output) +
                                " beta=" + std::to_string(s.beta) + ", a " + pointer_text(a) +
                                ", b " + pointer_text(b) + ", c " + pointer_text(c) + ", " +
                                std::to_string(entries_.size()) + " shapes cached",
@@ -178,12 +182,13 @@ class DnnlMatmulCache {
   DnnlMatmul create(const MatmulShape& s) {
     using dims = dnnl::memory::dims;
     using dt = dnnl::memory::data_type;
+    const auto type = [](DType d) { return d == DType::bf16 ? dt::bf16 : dt::f32; };
     // Transposes are strides: a stored [K, M] matrix read as [M, K] has strides {1, M}.
-    const dnnl::memory::desc src_md(dims{s.m, s.k}, dt::f32,
+    const dnnl::memory::desc src_md(dims{s.m, s.k}, type(s.input),
                                     s.transpose_a ? dims{1, s.m} : dims{s.k, 1});
-    const dnnl::memory::desc weights_md(dims{s.k, s.n}, dt::f32,
+    const dnnl::memory::desc weights_md(dims{s.k, s.n}, type(s.input),
                                         s.transpose_b ? dims{1, s.k} : dims{s.n, 1});
-    const dnnl::memory::desc dst_md(dims{s.m, s.n}, dt::f32, dims{s.n, 1});
+    const dnnl::memory::desc dst_md(dims{s.m, s.n}, type(s.output), dims{s.n, 1});
     dnnl::primitive_attr attr;
     if (s.beta != 0.f) {
       // dst = matmul + beta * dst, fused: the sum post-op reads dst before overwriting it.
@@ -199,7 +204,8 @@ class DnnlMatmulCache {
                         dnnl::memory(dst_md, engine_, nullptr)};
     } catch (const dnnl::error& error) {
       abort_job("kernels::matmul: oneDNN cannot create a matmul for M=" + std::to_string(s.m) +
-                " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) + ": " + error.what());
+                " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) + " " +
+                dtype_name(s.input) + "->" + dtype_name(s.output) + ": " + error.what());
     }
   }
 
@@ -221,6 +227,24 @@ void scale_output(Tensor& c, float beta) {
 }
 
 }  // namespace
+
+bool host_matmul_takes(DType dtype) {
+  if (dtype == DType::f32) return true;
+#ifdef MPTRAIN_HAVE_DNNL
+  if (dtype != DType::bf16 || matmul_backend() != MatmulBackend::dnnl) return false;
+  // The ISA oneDNN dispatches to, after ONEDNN_MAX_CPU_ISA: its bit for bf16 dot products
+  // (avx512_core_bf16 and avx512_core_amx have it). Below that, oneDNN's bf16 matmul would
+  // emulate the products and be slower than widening to f32, the layers' other path.
+  static const bool native = [] {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+    return (isa & bf16) == bf16;
+  }();
+  return native;
+#else
+  return false;
+#endif
+}
 
 bool dnnl_available() {
 #ifdef MPTRAIN_HAVE_DNNL
@@ -255,9 +279,24 @@ namespace host {
 void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
             float beta) {
   constexpr const char* op = "kernels::matmul";
-  detail::require_host_f32(op, "a must be f32 on the host", a);
-  detail::require_host_f32(op, "b must be f32 on the host", b);
-  detail::require_host_f32(op, "c must be f32 on the host", c);
+  if (a.defined() && a.dtype() == DType::bf16) {
+    // bf16 products are exact in f32, so this is the widened f32 product with f32 sums, in
+    // oneDNN's order; it needs the bf16 dot products (AVX512-BF16, AMX) to be worth it.
+    detail::require(host_matmul_takes(DType::bf16), op,
+                    "bf16 a needs the oneDNN backend on a CPU with bf16 dot products "
+                    "(AVX512-BF16 or AMX; see host_matmul_takes); widen to f32 elsewhere",
+                    a);
+    detail::require(a.device() == Device::cpu, op, "a must be on the host", a);
+    detail::require_pair(b.defined() && b.dtype() == DType::bf16 && b.device() == Device::cpu, op,
+                         "b must be a host bf16 tensor, like a", a, b);
+    detail::require_pair(c.defined() && c.device() == Device::cpu &&
+                             (c.dtype() == DType::f32 || c.dtype() == DType::bf16),
+                         op, "c must be f32 or bf16 on the host", a, c);
+  } else {
+    detail::require_host_f32(op, "a must be f32 on the host (or bf16, see host_matmul_takes)", a);
+    detail::require_host_f32(op, "b must be f32 on the host", b);
+    detail::require_host_f32(op, "c must be f32 on the host", c);
+  }
   detail::require(a.rank() == 2, op, "a must be 2-D", a);
   detail::require(b.rank() == 2, op, "b must be 2-D", b);
   detail::require(c.rank() == 2, op, "c must be 2-D", c);
@@ -266,7 +305,9 @@ void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b
                           transpose_a ? a.dim(0) : a.dim(1),
                           transpose_a,
                           transpose_b,
-                          beta};
+                          beta,
+                          a.dtype(),
+                          c.dtype()};
   const std::int64_t k_of_b = transpose_b ? b.dim(1) : b.dim(0);
   detail::require_pair(shape.k == k_of_b, op, "inner dimensions of op(a) and op(b) differ", a, b);
   detail::require_pair(c.dim(0) == shape.m && c.dim(1) == shape.n, op,
@@ -277,19 +318,22 @@ void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b
                   "matrices over 2^31 elements are not supported", a);
   if (shape.m == 0 || shape.n == 0) return;
   if (shape.k == 0) {
-    scale_output(c, beta);
+    if (c.dtype() == DType::f32) {
+      scale_output(c, beta);
+    } else {
+      detail::require(beta == 0.f || beta == 1.f, op,
+                      "an empty product into bf16 c takes beta 0 or 1 only", c);
+      if (beta == 0.f) c.zero();
+    }
     return;
   }
-  const float* a_data = a.data<float>();
-  const float* b_data = b.data<float>();
-  float* c_data = c.data<float>();
 #ifdef MPTRAIN_HAVE_DNNL
   if (selected_backend.load(std::memory_order_relaxed) == MatmulBackend::dnnl) {
-    DnnlMatmulCache::instance().run(shape, a_data, b_data, c_data);
+    DnnlMatmulCache::instance().run(shape, a.raw(), b.raw(), c.raw());
     return;
   }
 #endif
-  blas_matmul(shape, a_data, b_data, c_data);
+  blas_matmul(shape, a.data<float>(), b.data<float>(), c.data<float>());
 }
 
 }  // namespace host

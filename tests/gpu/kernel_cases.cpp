@@ -1081,6 +1081,16 @@ void case_conv2d(Harness& h, Random& rng) {
     kernels::im2col(x, g, col);
     kernels::im2col(dev(x), g, cold);
     h.expect_same_bytes(std::string("im2col") + dims, cold, col);
+    // In 16 bits (the GEMM path that takes 16-bit operands): the same copy of the 16-bit bytes.
+    for (const DType dtype : {DType::f16, DType::bf16}) {
+      Tensor x16(x.shape(), dtype);
+      kernels::cast(x, x16);
+      Tensor col16({g.col_rows(), columns}, dtype),
+          col16d({g.col_rows(), columns}, dtype, Device::cuda);
+      kernels::im2col(x16, g, col16);
+      kernels::im2col(dev(x16), g, col16d);
+      h.expect_same_bytes(std::string("im2col ") + dtype_name(dtype) + dims, col16d, col16);
+    }
 
     // col2im overwrites DX (both start from other values) and sums the taps in the host's
     // order: the same values.

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "kernels/cast.hpp"
 #include "kernels/conv2d.hpp"
 #include "kernels/gelu.hpp"
 #include "kernels/pool2d.hpp"
@@ -92,6 +94,44 @@ TEST(Im2col, BlockOfSamplesIsTheirColumnsSideBySide) {
             << "sample " << b << " element " << e;
     }
   }
+}
+
+TEST(Im2col, SixteenBitIsTheSameCopyAsF32) {
+  // A copy in any width: im2col of the 16-bit samples holds exactly the 16-bit rounding of the
+  // f32 im2col of the same (widened) values, padding +0, NaN and Inf copied, over the masked
+  // "same" path, a strided one and a 1x1 one.
+  for (const Conv2dGeometry& g : {Conv2dGeometry{2, 5, 6, 3, 1, 1}, Conv2dGeometry{3, 7, 9, 3, 2, 1},
+                                  Conv2dGeometry{2, 6, 6, 5, 1, 2}, Conv2dGeometry{1, 4, 5, 1, 2, 1}}) {
+    for (const DType dtype : {DType::bf16, DType::f16}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " K=" << g.kernel << " S="
+                                        << g.stride << " P=" << g.pad);
+      const std::int64_t samples = 3, rows = g.col_rows(), columns = samples * g.col_columns();
+      Tensor x = test::random_tensor({samples, g.channels, g.height, g.width}, 11);
+      x.data<float>()[1] = std::numeric_limits<float>::quiet_NaN();
+      x.data<float>()[2] = -std::numeric_limits<float>::infinity();
+      Tensor x16(x.shape(), dtype);
+      cast(x, x16);
+      cast(x16, x);  // the values the 16-bit copy holds
+      Tensor col({rows, columns}, DType::f32), expected({rows, columns}, dtype),
+          col16({rows, columns}, dtype);
+      im2col(x, g, col);
+      cast(col, expected);
+      im2col(x16, g, col16);
+      const auto* want = static_cast<const std::uint16_t*>(expected.raw());
+      const auto* got = static_cast<const std::uint16_t*>(col16.raw());
+      for (std::int64_t i = 0; i < col16.numel(); ++i)
+        ASSERT_EQ(got[i], want[i]) << "element " << i;
+    }
+  }
+}
+
+TEST(Im2colDeathTest, ColMustHaveTheInputsDtype) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const Conv2dGeometry g{2, 5, 6, 3, 1, 1};
+  const Tensor x16({1, 2, 5, 6}, DType::bf16);
+  Tensor col({g.col_rows(), g.col_columns()}, DType::f32);
+  EXPECT_EXIT(im2col(x16, g, col), testing::ExitedWithCode(3),
+              "kernels::im2col: col must be \\[C\\*K\\*K, samples\\*OH\\*OW\\] in x's dtype");
 }
 
 TEST(ChannelRows, SamplesToRowsAndBackWithBias) {

@@ -1,5 +1,6 @@
 // matmul on both backends against a float64 reference: every transpose combination, beta 0 and
-// 1, odd and degenerate sizes, and the primitive cache staying constant in a steady state.
+// 1, odd and degenerate sizes, and the primitive cache staying constant in a steady state; bf16
+// operands where the host takes them, and their refusal where it does not.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -9,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cast.hpp"
 #include "kernels/matmul.hpp"
 #include "random_fill.hpp"
 
@@ -116,6 +118,108 @@ TEST(Matmul, DnnlCreatesNoPrimitiveInSteadyState) {
   // A new shape (or beta) is a new primitive, so the count does measure creations.
   matmul(a, false, b, false, c, 1.f);
   EXPECT_EQ(dnnl_primitive_count(), after_first + 1);
+}
+
+// A bf16 copy of VALUES (rounded), and VALUES overwritten with the bf16 values widened back
+// (exact), so that the f64 reference sees the numbers the bf16 matmul multiplies.
+Tensor to_bf16(Tensor& values) {
+  Tensor rounded(values.shape(), DType::bf16);
+  cast(values, rounded);
+  cast(rounded, values);
+  return rounded;
+}
+
+class MatmulBf16Test : public ::testing::TestWithParam<std::tuple<bool, bool, float, DType>> {};
+
+// bf16 products are exact in f32, so the bf16 matmul is the f32 product of the widened values:
+// the same bound as above; a bf16 C adds its own rounding (half an ulp, 2^-9 relative).
+TEST_P(MatmulBf16Test, MatchesFloat64ReferenceOfTheBf16Values) {
+  if (!host_matmul_takes(DType::bf16))
+    GTEST_SKIP() << "no native bf16 matmul here (host_matmul_takes(bf16) is false: a CPU "
+                    "without AVX512-BF16 or AMX, or a build without oneDNN); "
+                    "Matmul.Bf16IsRefusedWhereTheHostDoesNotTakeIt covers it";
+  const auto [ta, tb, beta, c_dtype] = GetParam();
+  const std::vector<std::array<std::int64_t, 3>> sizes = {
+      {7, 13, 5}, {1, 1, 1}, {33, 65, 129}, {128, 10, 1024}, {64, 300, 800}};
+  std::uint64_t seed = 100;
+  for (const auto& [m, n, k] : sizes) {
+    SCOPED_TRACE(::testing::Message() << "M=" << m << " N=" << n << " K=" << k);
+    Tensor a32 = random_tensor(ta ? Shape{k, m} : Shape{m, k}, seed++);
+    Tensor b32 = random_tensor(tb ? Shape{n, k} : Shape{k, n}, seed++);
+    const Tensor a = to_bf16(a32), b = to_bf16(b32);
+    const std::uint64_t c_seed = seed++;
+    Tensor c0 = random_tensor({m, n}, c_seed);
+    Tensor c = c_dtype == DType::bf16 ? to_bf16(c0) : random_tensor({m, n}, c_seed);
+    if (beta == 0.f) {  // C must not be read: poison it
+      Tensor nan({m, n}, DType::f32);
+      for (std::int64_t i = 0; i < nan.numel(); ++i)
+        nan.data<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+      cast(nan, c);
+    }
+    std::vector<double> expected, magnitude;
+    reference(a32, ta, b32, tb, c0, beta, expected, magnitude);
+    matmul(a, ta, b, tb, c, beta);
+    Tensor result({m, n}, DType::f32);
+    cast(c, result);
+    const double unit = std::ldexp(1.0, -24);
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      double tolerance = static_cast<double>(k + 2) * unit * magnitude[i] + 1e-30;
+      if (c_dtype == DType::bf16) tolerance += std::ldexp(std::fabs(expected[i]) + tolerance, -8);
+      ASSERT_NEAR(result.data<float>()[i], expected[i], tolerance) << "element " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllCombinations, MatmulBf16Test,
+    ::testing::Combine(::testing::Bool(), ::testing::Bool(), ::testing::Values(0.f, 1.f),
+                       ::testing::Values(DType::f32, DType::bf16)),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param) ? "At" : "A") +
+             (std::get<1>(info.param) ? "_Bt" : "_B") +
+             (std::get<2>(info.param) == 0.f ? "_beta0" : "_beta1") +
+             (std::get<3>(info.param) == DType::f32 ? "_f32out" : "_bf16out");
+    });
+
+// Which dtypes the host takes: f32 always, f16 never (oneDNN 2.6 has no f16 matmul on the CPU),
+// bf16 only with the oneDNN backend, so BLAS turns it off.
+TEST(Matmul, HostTakesF32AlwaysF16NeverBf16OnlyThroughDnnl) {
+  BackendGuard guard;
+  EXPECT_TRUE(host_matmul_takes(DType::f32));
+  EXPECT_FALSE(host_matmul_takes(DType::f16));
+  if (!dnnl_available()) {
+    EXPECT_FALSE(host_matmul_takes(DType::bf16));
+  }
+  set_matmul_backend(MatmulBackend::blas);
+  EXPECT_FALSE(host_matmul_takes(DType::bf16));
+  EXPECT_TRUE(host_matmul_takes(DType::f32));
+}
+
+// Where the host does not take bf16 (here forced by the BLAS backend), a bf16 matmul ends the
+// job with one line naming the fix rather than reading 16-bit data as f32. "threadsafe": the
+// child re-runs this binary up to the test, with its own MPI singleton.
+void bf16_matmul_through_blas() {
+  set_matmul_backend(MatmulBackend::blas);
+  const Tensor a({4, 3}, DType::bf16), b({3, 2}, DType::bf16);
+  Tensor c({4, 2}, DType::f32);
+  matmul(a, false, b, false, c);
+}
+
+TEST(MatmulDeathTest, Bf16IsRefusedWhereTheHostDoesNotTakeIt) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(bf16_matmul_through_blas(), testing::ExitedWithCode(3),
+      "kernels::matmul: bf16 a needs the oneDNN backend on a CPU with bf16 dot products");
+}
+
+TEST(Matmul, Bf16OperandsMustMatchAndOutputIsF32OrBf16) {
+  if (!host_matmul_takes(DType::bf16)) GTEST_SKIP() << "no native bf16 matmul here";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const Tensor a({4, 3}, DType::bf16), b32({3, 2}, DType::f32), b({3, 2}, DType::bf16);
+  Tensor c({4, 2}, DType::f32), c16({4, 2}, DType::f16);
+  EXPECT_EXIT(matmul(a, false, b32, false, c), testing::ExitedWithCode(3),
+              "b must be a host bf16 tensor, like a");
+  EXPECT_EXIT(matmul(a, false, b, false, c16), testing::ExitedWithCode(3),
+              "c must be f32 or bf16 on the host");
 }
 
 TEST(Matmul, DefaultBackendIsDnnlWhenAvailable) {
