@@ -13,6 +13,7 @@
 #include <cstdlib>
 
 #include "core/error.hpp"
+#include "kernels/cast.hpp"
 #include "kernels/matmul.hpp"
 #include "nn/workspace.hpp"
 
@@ -91,6 +92,8 @@ std::vector<ParamSpec> Conv2d::param_specs() const {
 
 void Conv2d::plan(std::int64_t max_batch, DType precision) {
   uses_cudnn_ = plan_cudnn(max_batch, precision);
+  takes_16_ = false;
+  col16_ = rows16_ = x16_ = Tensor();
   if (uses_cudnn_) {  // none of the im2col path's scratch
     col_ = rows_ = weight_grad_ = bias_grad_ = Tensor();
     staging_ = SampleStaging();
@@ -112,6 +115,40 @@ void Conv2d::plan(std::int64_t max_batch, DType precision) {
     weight_grad_ = Tensor({out_channels_, geometry_.col_rows()}, DType::f32, device_);
     bias_grad_ = Tensor({out_channels_}, DType::f32, device_);
   }
+  // The same test as Model::plan's for the workspace's working weights.
+  takes_16_ = precision != DType::f32 &&
+              (device_ == Device::cuda || kernels::host_matmul_takes(precision));
+  if (takes_16_) {
+    col16_ = Tensor({geometry_.col_rows(), columns}, precision, device_);
+    rows16_ = Tensor({out_channels_, columns}, precision, device_);
+    x16_ = Tensor({in}, precision, device_);
+  }
+}
+
+bool Conv2d::gemm_16() const {
+  return takes_16_ && workspace_ && workspace_->working_params.defined();
+}
+
+const Tensor& Conv2d::input_16(const Tensor& x, std::int64_t first, std::int64_t count) {
+  const std::int64_t in = geometry_.channels * geometry_.height * geometry_.width;
+  Tensor::view_into(input_run_, x, first * in, {count, in});
+  if (x.dtype() == storage_) return input_run_;
+  Tensor::view_into(x16_run_, x16_, 0, {count, in});
+  kernels::cast(input_run_, x16_run_);  // the f32 input of the first layer, rounded
+  return x16_run_;
+}
+
+const Tensor& Conv2d::unfold(const Tensor& x, std::int64_t first, std::int64_t count) {
+  const std::int64_t in = geometry_.channels * geometry_.height * geometry_.width;
+  const std::int64_t columns = count * geometry_.col_columns();
+  if (gemm_16()) {
+    Tensor::view_into(col16_block_, col16_, 0, {geometry_.col_rows(), columns});
+    kernels::im2col(input_16(x, first, count), geometry_, col16_block_);
+    return col16_block_;
+  }
+  Tensor::view_into(col_block_, col_, 0, {geometry_.col_rows(), columns});
+  kernels::im2col(staging_.read_run(x, first, count, in, kInSlot), geometry_, col_block_);
+  return col_block_;
 }
 
 bool Conv2d::plan_cudnn(std::int64_t max_batch, DType precision) {
@@ -140,7 +177,7 @@ const Tensor& Conv2d::storage_weight(const char* caller) {
   if (storage_ == DType::f32) return weight;
   if (!workspace_ || !workspace_->working_params.defined())
     abort_job("nn::Conv2d::" + std::string(caller) + " " + name() +
-              ": 16-bit cuDNN convolutions need the model's workspace (plan() the model)");
+              ": 16-bit convolutions need the model's workspace (plan() the model)");
   const auto offset = static_cast<std::int64_t>(
       (static_cast<const std::byte*>(weight.raw()) -
        static_cast<const std::byte*>(workspace_->compute_params.raw())) / sizeof(float));
@@ -154,7 +191,7 @@ std::int64_t Conv2d::scratch_bytes() const {
   // by the device arena), so a layer adds nothing of its own.
   if (uses_cudnn_) return 0;
   std::int64_t bytes = staging_.scratch_bytes();
-  for (const Tensor* t : {&col_, &rows_, &weight_grad_, &bias_grad_})
+  for (const Tensor* t : {&col_, &rows_, &weight_grad_, &bias_grad_, &col16_, &rows16_, &x16_})
     if (t->defined()) bytes += static_cast<std::int64_t>(t->size_bytes());
   return bytes;
 }
@@ -164,17 +201,16 @@ void Conv2d::forward(const Tensor& x, Tensor& y, bool) {
   if (uses_cudnn_) return cudnn_.forward(x, storage_weight("forward"), param_value(kBias), y);
 #endif
   if (!col_.defined()) abort_job("nn::Conv2d::forward " + name() + ": plan() the model first");
-  const std::int64_t in = geometry_.channels * geometry_.height * geometry_.width;
   const std::int64_t positions = geometry_.col_columns();
   const std::int64_t out = out_channels_ * positions;
-  Tensor::view_into(weight_2d_, param_value(kWeight), 0, {out_channels_, geometry_.col_rows()});
+  const Tensor& weight = gemm_16() ? storage_weight("forward") : param_value(kWeight);
+  Tensor::view_into(weight_2d_, weight, 0, {out_channels_, geometry_.col_rows()});
   for (std::int64_t first = 0; first < x.dim(0); first += block_) {
     const std::int64_t count = std::min(block_, x.dim(0) - first);
-    Tensor::view_into(col_block_, col_, 0, {geometry_.col_rows(), count * positions});
     Tensor::view_into(rows_block_, rows_, 0, {out_channels_, count * positions});
-    kernels::im2col(staging_.read_run(x, first, count, in, kInSlot), geometry_, col_block_);
+    const Tensor& windows = unfold(x, first, count);
     // rows[C_out, B*P] = W[C_out, C_in*K*K] · col[C_in*K*K, B*P], then y[b] = rows[:, b] + bias.
-    kernels::matmul(weight_2d_, false, col_block_, false, rows_block_);
+    kernels::matmul(weight_2d_, false, windows, false, rows_block_);
     kernels::channel_rows_to_samples(rows_block_, param_value(kBias),
                                      staging_.write_run(y, first, count, out, kOutSlot),
                                      fused_relu_);
@@ -197,25 +233,34 @@ void Conv2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor
   const bool f32_grads = param_grad(kWeight).dtype() == DType::f32;
   Tensor& dw = f32_grads ? param_grad(kWeight) : weight_grad_;
   Tensor& db = f32_grads ? param_grad(kBias) : bias_grad_;
-  Tensor::view_into(weight_2d_, param_value(kWeight), 0, {out_channels_, geometry_.col_rows()});
+  const Tensor& weight = gemm_16() ? storage_weight("backward") : param_value(kWeight);
+  Tensor::view_into(weight_2d_, weight, 0, {out_channels_, geometry_.col_rows()});
   Tensor::view_into(weight_grad_2d_, dw, 0, {out_channels_, geometry_.col_rows()});
   for (std::int64_t first = 0; first < x.dim(0); first += block_) {
     const std::int64_t count = std::min(block_, x.dim(0) - first);
     const bool first_block = first == 0;
-    Tensor::view_into(col_block_, col_, 0, {geometry_.col_rows(), count * positions});
     Tensor::view_into(rows_block_, rows_, 0, {out_channels_, count * positions});
-    kernels::im2col(staging_.read_run(x, first, count, in, kInSlot), geometry_, col_block_);
+    const Tensor& windows = unfold(x, first, count);
     // With the ReLU fused, dy is the ReLU's output gradient: masked by y (read in its storage
     // dtype, not widened) on the way.
     if (fused_relu_) Tensor::view_into(output_run_, y, first * out, {count, out});
     kernels::samples_to_channel_rows(staging_.read_run(dy, first, count, out, kDoutSlot),
                                      rows_block_, fused_relu_ ? &output_run_ : nullptr);
+    // The 16-bit GEMMs take dy's rows in the storage dtype: exact, since dy was 16-bit.
+    const Tensor* dy_rows = &rows_block_;
+    if (gemm_16()) {
+      Tensor::view_into(rows16_block_, rows16_, 0, {out_channels_, count * positions});
+      kernels::cast(rows_block_, rows16_block_);
+      dy_rows = &rows16_block_;
+    }
     // dW += dy[C_out, B*P] · colᵀ; db += row sums of dy.
-    kernels::matmul(rows_block_, false, col_block_, true, weight_grad_2d_, first_block ? 0.f : 1.f);
+    kernels::matmul(*dy_rows, false, windows, true, weight_grad_2d_, first_block ? 0.f : 1.f);
     kernels::channel_bias_backward(rows_block_, db, /*accumulate=*/!first_block);
     if (!dx) continue;
-    // dcol = Wᵀ · dy, into col_ (its windows are used up), then folded back onto dx.
-    kernels::matmul(weight_2d_, true, rows_block_, false, col_block_);
+    // dcol = Wᵀ · dy, into col_ in f32 (on the f32 path its windows are used up), then folded
+    // back onto dx.
+    Tensor::view_into(col_block_, col_, 0, {geometry_.col_rows(), count * positions});
+    kernels::matmul(weight_2d_, true, *dy_rows, false, col_block_);
     kernels::col2im(col_block_, geometry_, staging_.write_run(*dx, first, count, in, kDinSlot));
     staging_.commit(kDinSlot);
   }

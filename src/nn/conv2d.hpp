@@ -59,9 +59,24 @@ class Conv2d final : public Layer {
   Tensor col_;   // f32 [C_in*K*K, block*OH*OW]: a block's windows, later their gradients
   Tensor rows_;  // f32 [C_out, block*OH*OW]: the block's output, or its dy, channel-major
   Tensor weight_grad_, bias_grad_;  // f32 sums over the batch when the gradients are 16-bit
+  // Where the matmul takes the 16-bit storage dtype (the model's workspace holds the working
+  // weights: the cuda device, or bf16 on a host with bf16 dot products), the GEMMs take 16-bit
+  // operands: the windows in col16_, dy's channel rows in rows16_ (exact: dy is 16-bit), and
+  // an f32 input (the model's first layer) rounded into x16_ on the way, as cuDNN does.
+  // takes_16_: planned for it; gemm_16(): and the workspace is there (a layer planned alone,
+  // outside a model, has none and widens).
+  bool takes_16_ = false;
+  bool gemm_16() const;
+  Tensor col16_, rows16_, x16_;
+  Tensor col16_block_, rows16_block_, x16_run_;
   SampleStaging staging_;
   // Views re-pointed per block.
-  Tensor weight_2d_, weight_grad_2d_, col_block_, rows_block_, output_run_;
+  Tensor weight_2d_, weight_grad_2d_, col_block_, rows_block_, output_run_, input_run_;
+  // X's samples [FIRST, FIRST + COUNT) in the storage dtype, for the 16-bit GEMM path.
+  const Tensor& input_16(const Tensor& x, std::int64_t first, std::int64_t count);
+  // im2col of X's samples [FIRST, FIRST + COUNT): into col16_ on the 16-bit path, else into
+  // col_ (widened through the staging); the block's column matrix, a view.
+  const Tensor& unfold(const Tensor& x, std::int64_t first, std::int64_t count);
   // The cuDNN path: forward, backward data, filter and bias through one plan.
   bool uses_cudnn_ = false;
   DType storage_ = DType::f32;

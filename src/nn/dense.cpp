@@ -1,6 +1,8 @@
 // Dense layer: forward and backward through the matmul and bias kernels. Under 16-bit storage
-// the batch is processed in blocks of rows: each block is widened into the model's f32
-// workspace, multiplied in f32 and rounded back, so the f32 scratch never holds a whole batch.
+// the batch is processed in blocks of rows. Where the matmul takes the 16-bit operands (the
+// model's workspace holds the working weights), they go to it as they are; elsewhere each
+// block is widened into the model's f32 workspace, multiplied in f32 and rounded back, so the
+// f32 scratch never holds a whole batch.
 #include "nn/dense.hpp"
 
 #include <algorithm>
@@ -74,7 +76,7 @@ std::int64_t Dense::scratch_bytes() const {
 }
 
 void Dense::forward(const Tensor& x, Tensor& y, bool) {
-  if (x.device() == Device::cuda && x.dtype() != DType::f32) return forward_device_16(x, y);
+  if (takes_16(x)) return forward_16(x, y);
   if (x.dtype() != DType::f32 || y.dtype() != DType::f32) return forward_in_blocks(x, y);
   // y[b, out] = x[b, in] · W[out, in]ᵀ, then + bias. A sum post-op could fold the bias into the
   // matmul, but the separate pass over a [b, out] tile is cheap next to the matmul.
@@ -83,8 +85,7 @@ void Dense::forward(const Tensor& x, Tensor& y, bool) {
 }
 
 void Dense::backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) {
-  if (x.device() == Device::cuda && x.dtype() != DType::f32 && dy.dtype() == x.dtype())
-    return backward_device_16(x, dy, dx);
+  if (takes_16(x) && dy.dtype() == x.dtype()) return backward_16(x, dy, dx);
   if (x.dtype() != DType::f32 || dy.dtype() != DType::f32 ||
       param_grad(kWeight).dtype() != DType::f32 || (dx && dx->dtype() != DType::f32))
     return backward_in_blocks(x, dy, dx);
@@ -191,6 +192,11 @@ void Dense::backward_in_blocks(const Tensor& x, const Tensor& dy, Tensor* dx) {
   kernels::cast(bias_grad_, param_grad(kBias));
 }
 
+bool Dense::takes_16(const Tensor& x) const {
+  return x.dtype() != DType::f32 && workspace_ && workspace_->working_params.defined() &&
+         workspace_->working_params.dtype() == x.dtype();
+}
+
 const Tensor& Dense::working_weight(const ComputeWorkspace& ws) {
   const Tensor& weight = param_value(kWeight);  // a view of the f32 compute copy
   const auto offset = static_cast<std::int64_t>(
@@ -200,7 +206,7 @@ const Tensor& Dense::working_weight(const ComputeWorkspace& ws) {
   return w16_;
 }
 
-void Dense::forward_device_16(const Tensor& x, Tensor& y) {
+void Dense::forward_16(const Tensor& x, Tensor& y) {
   ComputeWorkspace& ws = workspace("forward");
   const Tensor& weight = working_weight(ws);
   const std::int64_t batch = x.dim(0);
@@ -219,7 +225,7 @@ void Dense::forward_device_16(const Tensor& x, Tensor& y) {
   }
 }
 
-void Dense::backward_device_16(const Tensor& x, const Tensor& dy, Tensor* dx) {
+void Dense::backward_16(const Tensor& x, const Tensor& dy, Tensor* dx) {
   ComputeWorkspace& ws = workspace("backward");
   const Tensor& weight = working_weight(ws);
   const std::int64_t batch = x.dim(0);
@@ -237,7 +243,7 @@ void Dense::backward_device_16(const Tensor& x, const Tensor& dy, Tensor* dx) {
     kernels::bias_add_backward(y_widened_, bias_grad_, /*accumulate=*/!first);
     if (!dx) continue;
     Tensor::view_into(dx_rows_, *dx, row * in_features_, {rows, in_features_});
-    kernels::matmul(y_rows_, false, weight, false, dx_rows_);  // 16-bit C: rounded by cuBLASLt
+    kernels::matmul(y_rows_, false, weight, false, dx_rows_);  // 16-bit C: rounded by the library
   }
   kernels::cast(weight_grad_, param_grad(kWeight));
   kernels::cast(bias_grad_, param_grad(kBias));

@@ -1,5 +1,6 @@
 // Fully connected layer, Y = X·Wᵀ + b with W stored (out, in) like PyTorch's nn.Linear. X and Y
-// may be f32 or 16-bit; the arithmetic is f32 (oneDNN and BLAS have no fp16 matmul on AVX2).
+// may be f32 or 16-bit; the arithmetic is f32. 16-bit operands go to the matmul as they are where
+// it takes them (cuBLASLt; oneDNN for bf16 on AMX or AVX512-BF16), else are widened to f32.
 #pragma once
 
 #include <cstdint>
@@ -35,10 +36,12 @@ class Dense final : public Layer {
   void forward_in_blocks(const Tensor& x, Tensor& y);
   void backward_in_blocks(const Tensor& x, const Tensor& dy, Tensor* dx);
   ComputeWorkspace& workspace(const char* caller) const;
-  // The cuda paths for 16-bit X (and DY): the 16-bit operands go straight to cuBLASLt with f32
-  // accumulation; only the bias works in f32.
-  void forward_device_16(const Tensor& x, Tensor& y);
-  void backward_device_16(const Tensor& x, const Tensor& dy, Tensor* dx);
+  // The paths for 16-bit X (and DY) where the matmul takes them (ComputeWorkspace::
+  // working_params defined: cuBLASLt, or oneDNN's bf16 on the host): the 16-bit operands go
+  // straight to the matmul with f32 accumulation; only the bias works in f32.
+  bool takes_16(const Tensor& x) const;
+  void forward_16(const Tensor& x, Tensor& y);
+  void backward_16(const Tensor& x, const Tensor& dy, Tensor* dx);
   // This layer's weight in the 16-bit working copy (a view, re-pointed in W16_).
   const Tensor& working_weight(const ComputeWorkspace& ws);
   // ROWS rows of SRC [b, COLUMNS] from ROW on, as f32: a view of SRC when it is f32, else

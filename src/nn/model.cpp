@@ -10,6 +10,7 @@
 #include "kernels/cast.hpp"
 #include "kernels/copy.hpp"
 #include "kernels/finite.hpp"
+#include "kernels/matmul.hpp"
 #include "nn/batchnorm.hpp"
 #include "nn/conv2d.hpp"
 #include "nn/dense.hpp"
@@ -350,7 +351,7 @@ void Model::plan(std::int64_t max_batch) {
     workspace_->output_rows = Tensor({workspace_->block_rows * widest_out}, DType::f32, device_);
     workspace_->weight_grad = Tensor({largest_weight}, DType::f32, device_);
     workspace_->bias_grad = Tensor({widest_out}, DType::f32, device_);
-    if (device_ != Device::cpu) {
+    if (device_ != Device::cpu || kernels::host_matmul_takes(precision_)) {
       workspace_->working_params = params_;
       workspace_->compute_params = compute_params_;
     }

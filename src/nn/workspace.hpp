@@ -19,9 +19,11 @@ struct ComputeWorkspace {
   Tensor output_rows;  // f32 [block_rows * widest output]: y before rounding, or widened dy
   Tensor weight_grad;  // f32 [largest weight]: dW summed over the blocks, rounded at the end
   Tensor bias_grad;    // f32 [largest bias]
-  // On the cuda device: the model's flat 16-bit working weights and the f32 compute copy (same
-  // layout), so that a dense layer finds its 16-bit weight at its f32 weight's offset and
-  // feeds 16-bit operands straight to cuBLASLt. Undefined on the host.
+  // Where the matmul takes the 16-bit dtype (the cuda device; the host for bf16 where
+  // kernels::host_matmul_takes says so): the model's flat 16-bit working weights and the f32
+  // compute copy (same layout), so that a layer finds its 16-bit weight at its f32 weight's
+  // offset and feeds 16-bit operands straight to the matmul. Undefined elsewhere: the layers
+  // then widen to f32.
   Tensor working_params, compute_params;
 };
 
