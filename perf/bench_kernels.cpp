@@ -1,4 +1,5 @@
-// Host matmul, oneDNN against OpenBLAS, on the MLP's shapes at batch 128, single thread. Every
+// Host matmul, oneDNN against OpenBLAS, on the MLP's shapes at batch 128, single thread, and
+// oneDNN with bf16 operands where the host takes them (AMX or AVX512-BF16: "dnnl_bf16"). Every
 // benchmark checks its result against the other backend once, and the run ends with a table of
 // oneDNN/OpenBLAS ratios. Run: bench_kernels [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
@@ -14,6 +15,7 @@
 
 #include "core/random.hpp"
 #include "core/tensor.hpp"
+#include "kernels/cast.hpp"
 #include "kernels/matmul.hpp"
 
 namespace {
@@ -79,6 +81,36 @@ void run_matmul(benchmark::State& state, MatmulCase c, MatmulBackend backend) {
   state.counters["worst_diff"] = worst;
 }
 
+// The same product with bf16 operands (the values rounded to bf16) and an f32 result, as the
+// layers call it where mptrain::kernels::host_matmul_takes(bf16); checked against the f32
+// product of the rounded values, which it equals up to the order of the f32 sums.
+void run_matmul_bf16(benchmark::State& state, MatmulCase c) {
+  mpt::kernels::set_matmul_backend(MatmulBackend::dnnl);
+  Tensor a32 = c.transpose_a ? random_matrix(c.k, c.m, 1) : random_matrix(c.m, c.k, 1);
+  Tensor b32 = c.transpose_b ? random_matrix(c.n, c.k, 2) : random_matrix(c.k, c.n, 2);
+  Tensor a(a32.shape(), DType::bf16), b(b32.shape(), DType::bf16);
+  mpt::kernels::cast(a32, a);
+  mpt::kernels::cast(b32, b);
+  mpt::kernels::cast(a, a32);
+  mpt::kernels::cast(b, b32);
+  Tensor out({c.m, c.n}, DType::f32), check({c.m, c.n}, DType::f32);
+  mpt::kernels::matmul(a, c.transpose_a, b, c.transpose_b, out);
+  mpt::kernels::matmul(a32, c.transpose_a, b32, c.transpose_b, check);
+  double worst = 0;
+  for (std::int64_t i = 0; i < out.numel(); ++i)
+    worst = std::max(worst, double{std::fabs(out.data<float>()[i] - check.data<float>()[i])});
+  if (worst > 1e-3) state.SkipWithError(("bf16 and f32 disagree by " + std::to_string(worst)).c_str());
+
+  for (auto _ : state) {
+    mpt::kernels::matmul(a, c.transpose_a, b, c.transpose_b, out);
+    benchmark::DoNotOptimize(out.raw());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(c.m * c.n * c.k) * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["worst_diff"] = worst;
+}
+
 // The console report, then one line per case with oneDNN / OpenBLAS throughput.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
@@ -119,6 +151,8 @@ int main(int argc, char** argv) {
       const std::string base = std::string("matmul/") + c.name;
       if (mpt::kernels::dnnl_available())
         benchmark::RegisterBenchmark((base + "/dnnl").c_str(), run_matmul, c, MatmulBackend::dnnl);
+      if (mpt::kernels::host_matmul_takes(DType::bf16))
+        benchmark::RegisterBenchmark((base + "/dnnl_bf16").c_str(), run_matmul_bf16, c);
       benchmark::RegisterBenchmark((base + "/openblas").c_str(), run_matmul, c,
                                    MatmulBackend::blas);
     }

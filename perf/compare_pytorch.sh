@@ -261,10 +261,12 @@ run_pytorch() {  # MODEL PRECISION RANKS THREADS REP
 }
 
 # The ceiling: single-core sgemm of oneDNN and OpenBLAS on the MLP's two large forward shapes
-# (128x1024x784 and 128x1024x1024), by wall time, as samples/s is.
+# (128x1024x784 and 128x1024x1024), by wall time, as samples/s is; and oneDNN's bf16 GEMM on
+# them where the host takes bf16 operands (AMX or AVX512-BF16), the ceiling of the bf16 rows.
 run_gemm() {  # REP
   [[ -n "$gemm_bench" ]] || return 0
-  local json=$tmp/gemm-$1.json
+  local json=$tmp/gemm-$1.json before
+  before=$(wc -l <"$gemm_results")
   run_or_show "$tmp/gemm-$1.log" env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$gemm_bench" \
     '--benchmark_filter=^matmul/fwd_(784|1024)to1024/' --benchmark_min_time=0.2 \
     --benchmark_out="$json" --benchmark_out_format=json
@@ -277,11 +279,11 @@ for run in json.load(open(sys.argv[1]))["benchmarks"]:
         continue
     k, n, lib = int(found[1]), int(found[2]), found[3]
     seconds = run["real_time"] * scale[run.get("time_unit", "ns")]
-    print(f"{ {'dnnl': 'oneDNN', 'openblas': 'OpenBLAS'}.get(lib, lib)}\t128\t{n}\t{k}\t"
+    print(f"{ {'dnnl': 'oneDNN', 'openblas': 'OpenBLAS', 'dnnl_bf16': 'oneDNN bf16'}.get(lib, lib)}\t128\t{n}\t{k}\t"
           f"{2 * 128 * n * k / seconds / 1e9:.2f}")
 PY
-  echo "  rep $1, GEMM: $(awk -F'\t' '{printf "%s %sx%sx%s %.1f  ", $1, $2, $3, $4, $5}' \
-    <(tail -n 4 "$gemm_results"))GFLOP/s" >&2
+  echo "  rep $1, GEMM: $(awk -F'\t' -v from="$before" \
+    'NR > from {printf "%s %sx%sx%s %.1f  ", $1, $2, $3, $4, $5}' "$gemm_results")GFLOP/s" >&2
 }
 
 steps_line=""
@@ -331,7 +333,10 @@ for line in open(os.path.join(tmp, "gemm.tsv")):
     lib, m, n, k, rate = line.rstrip("\n").split("\t")
     shape = f"{m}\u00d7{n}\u00d7{k}"
     gemm.setdefault(shape, {}).setdefault(lib, []).append(float(rate))
-best = max((max(v) for libs in gemm.values() for v in libs.values()), default=None)
+def best_of(bf16):
+    return max((max(v) for libs in gemm.values() for lib, v in libs.items()
+                if lib.endswith(" bf16") == bf16), default=None)
+best, best_bf16 = best_of(False), best_of(True)
 summary = json.load(open(os.path.join(tmp, "mptrain.json")))
 torch = json.loads([l for l in open(os.path.join(tmp, "pytorch.log")) if l.startswith("{")][-1])
 flops = {m: float(open(os.path.join(tmp, f"flops-{m}")).read())
@@ -356,7 +361,9 @@ for key in order:
     ratio = statistics.median(m) / statistics.median(p)
     used = min(ranks * threads, cores)
     rate = 3 * flops[model] * statistics.median(m) / 1e9 / used
-    share = f"{100 * rate / best:.0f} %" if best else "\u2013"
+    # A bf16 row against the bf16 GEMM where the run measured one (the bf16 dot products).
+    ceiling = best_bf16 if precision == "bf16" and best_bf16 else best
+    share = f"{100 * rate / ceiling:.0f} %" if ceiling else "\u2013"
     print(f"| {model} | {precision} | {ranks} \u00d7 {threads} | {cell(m)} | {cell(p)} "
           f"| {ratio:.2f} | {rate:.1f} | {share} |")
 print()
@@ -365,7 +372,7 @@ print("mptrain GFLOP/s per core = 3 \u00d7 forward FLOPs per sample (`--model.pr
       + ") \u00d7 samples/s / cores in use (ranks \u00d7 threads, at most the machine's).")
 if gemm:
     print()
-    print("Single-core sgemm, Y = X\u00b7W\u1d40 (M\u00d7N\u00d7K, `bench_kernels`, wall time), "
+    print("Single-core GEMM (sgemm; oneDNN bf16: bf16 operands, f32 sums), Y = X\u00b7W\u1d40 (M\u00d7N\u00d7K, `bench_kernels`, wall time), "
           f"best [min\u2013max] GFLOP/s of {reps} runs, one per repetition above:")
     print()
     libs = sorted({lib for v in gemm.values() for lib in v})
@@ -376,7 +383,9 @@ if gemm:
                  else "\u2013" for lib in libs]
         print(f"| {shape} | " + " | ".join(cells) + " |")
     print()
-    print(f"Best single-core GEMM in this run: {best:.1f} GFLOP/s.")
+    print(f"Best single-core GEMM in this run: {best:.1f} GFLOP/s"
+          + (f" (f32); bf16 operands: {best_bf16:.1f} GFLOP/s, the bf16 rows' ceiling."
+             if best_bf16 else "."))
 PY
 )
 echo "$table"
