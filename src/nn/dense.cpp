@@ -85,7 +85,8 @@ void Dense::forward(const Tensor& x, Tensor& y, bool) {
 }
 
 void Dense::backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) {
-  if (takes_16(x) && dy.dtype() == x.dtype()) return backward_16(x, dy, dx);
+  if (takes_16(x) && workspace_->working_params.dtype() == dy.dtype())
+    return backward_16(x, dy, dx);
   if (x.dtype() != DType::f32 || dy.dtype() != DType::f32 ||
       param_grad(kWeight).dtype() != DType::f32 || (dx && dx->dtype() != DType::f32))
     return backward_in_blocks(x, dy, dx);
@@ -193,8 +194,21 @@ void Dense::backward_in_blocks(const Tensor& x, const Tensor& dy, Tensor* dx) {
 }
 
 bool Dense::takes_16(const Tensor& x) const {
-  return x.dtype() != DType::f32 && workspace_ && workspace_->working_params.defined() &&
-         workspace_->working_params.dtype() == x.dtype();
+  // An f32 X is the model's input (a dense first layer): rounded to the working dtype on the
+  // way, as autocast and the conv layers' 16-bit path do, so that the layer with the most
+  // weights of an MLP does not fall back to f32 GEMMs.
+  if (!workspace_ || !workspace_->working_params.defined()) return false;
+  const DType working = workspace_->working_params.dtype();
+  return x.dtype() == working || (x.dtype() == DType::f32 && workspace_->input16.defined());
+}
+
+const Tensor& Dense::input_rows_16(const Tensor& x, std::int64_t row, std::int64_t rows,
+                                   const ComputeWorkspace& ws) {
+  Tensor::view_into(x_rows_, x, row * in_features_, {rows, in_features_});
+  if (x.dtype() == ws.working_params.dtype()) return x_rows_;
+  Tensor::view_into(x16_rows_, ws.input16, 0, {rows, in_features_});
+  kernels::cast(x_rows_, x16_rows_);
+  return x16_rows_;
 }
 
 const Tensor& Dense::working_weight(const ComputeWorkspace& ws) {
@@ -212,14 +226,14 @@ void Dense::forward_16(const Tensor& x, Tensor& y) {
   const std::int64_t batch = x.dim(0);
   for (std::int64_t row = 0; row < batch; row += ws.block_rows) {
     const std::int64_t rows = std::min(ws.block_rows, batch - row);
-    Tensor::view_into(x_rows_, x, row * in_features_, {rows, in_features_});
+    const Tensor& x_rows = input_rows_16(x, row, rows, ws);
     Tensor::view_into(y_rows_, y, row * out_features_, {rows, out_features_});
     Tensor* y_f32 = &y_rows_;  // the f32 logits directly; a 16-bit y after the bias, rounded
     if (y.dtype() != DType::f32) {
       Tensor::view_into(y_widened_, ws.output_rows, 0, {rows, out_features_});
       y_f32 = &y_widened_;
     }
-    kernels::matmul(x_rows_, false, weight, true, *y_f32);
+    kernels::matmul(x_rows, false, weight, true, *y_f32);
     kernels::bias_add_forward(*y_f32, param_value(kBias));
     if (y_f32 != &y_rows_) kernels::cast(*y_f32, y_rows_);
   }
@@ -229,14 +243,20 @@ void Dense::backward_16(const Tensor& x, const Tensor& dy, Tensor* dx) {
   ComputeWorkspace& ws = workspace("backward");
   const Tensor& weight = working_weight(ws);
   const std::int64_t batch = x.dim(0);
-  Tensor::view_into(weight_grad_, ws.weight_grad, 0, {out_features_, in_features_});
+  // dW is summed over the blocks in f32 and rounded once. A batch of one block (the usual case:
+  // 512 rows on the host, the whole batch on the device) has one sum, which the library rounds
+  // into the 16-bit gradient itself: the same rounding, without the f32 scratch's write, read
+  // and recast over the whole weight.
+  const bool one_block = batch <= ws.block_rows;
+  Tensor::view_into(weight_grad_, one_block ? param_grad(kWeight) : ws.weight_grad, 0,
+                    {out_features_, in_features_});
   Tensor::view_into(bias_grad_, ws.bias_grad, 0, {out_features_});
   for (std::int64_t row = 0; row < batch; row += ws.block_rows) {
     const std::int64_t rows = std::min(ws.block_rows, batch - row);
     const bool first = row == 0;
-    Tensor::view_into(x_rows_, x, row * in_features_, {rows, in_features_});
+    const Tensor& x_rows = input_rows_16(x, row, rows, ws);
     Tensor::view_into(y_rows_, dy, row * out_features_, {rows, out_features_});
-    kernels::matmul(y_rows_, true, x_rows_, false, weight_grad_, first ? 0.f : 1.f);
+    kernels::matmul(y_rows_, true, x_rows, false, weight_grad_, first ? 0.f : 1.f);
     // The bias sums need f32 rows of dy: widened into the scratch (out_features wide).
     Tensor::view_into(y_widened_, ws.output_rows, 0, {rows, out_features_});
     kernels::cast(y_rows_, y_widened_);
@@ -245,7 +265,11 @@ void Dense::backward_16(const Tensor& x, const Tensor& dy, Tensor* dx) {
     Tensor::view_into(dx_rows_, *dx, row * in_features_, {rows, in_features_});
     kernels::matmul(y_rows_, false, weight, false, dx_rows_);  // 16-bit C: rounded by the library
   }
-  kernels::cast(weight_grad_, param_grad(kWeight));
+  if (batch == 0) {  // no block ran: the gradients of no samples are zeros
+    weight_grad_.zero();
+    bias_grad_.zero();
+  }
+  if (!one_block) kernels::cast(weight_grad_, param_grad(kWeight));
   kernels::cast(bias_grad_, param_grad(kBias));
 }
 

@@ -40,6 +40,10 @@ class Dense final : public Layer {
   // working_params defined: cuBLASLt, or oneDNN's bf16 on the host): the 16-bit operands go
   // straight to the matmul with f32 accumulation; only the bias works in f32.
   bool takes_16(const Tensor& x) const;
+  // ROWS rows of X from ROW on in the working dtype: a view, or an f32 X rounded into the
+  // workspace's input16.
+  const Tensor& input_rows_16(const Tensor& x, std::int64_t row, std::int64_t rows,
+                              const ComputeWorkspace& ws);
   void forward_16(const Tensor& x, Tensor& y);
   void backward_16(const Tensor& x, const Tensor& dy, Tensor* dx);
   // This layer's weight in the 16-bit working copy (a view, re-pointed in W16_).
@@ -53,7 +57,8 @@ class Dense final : public Layer {
   std::int64_t in_features_;
   std::int64_t out_features_;
   // Views re-pointed for every block, kept so the step does not allocate their shapes.
-  Tensor x_rows_, x_widened_, y_rows_, y_widened_, dx_rows_, weight_grad_, bias_grad_, w16_;
+  Tensor x_rows_, x_widened_, y_rows_, y_widened_, dx_rows_, weight_grad_, bias_grad_, w16_,
+      x16_rows_;
   // One block of dyᵀ [block rows, max batch] f32, planned only where weight_grad_in_row_blocks
   // can run, and its view.
   Tensor dy_transposed_, dy_t_rows_;

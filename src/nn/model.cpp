@@ -330,7 +330,8 @@ void Model::plan(std::int64_t max_batch) {
     // The last layer's output gradient is the caller's dlogits.
     if (!logits) output_grads_.emplace_back(shape, precision_, device_);
   }
-  for (auto& layer : layers_) layer->plan(max_batch, precision_);
+  // The workspace first: a layer's plan may depend on it (Conv2d's 16-bit paths take the
+  // working weights from it).
   if (precision_ != DType::f32) {
     // f32 scratch for one block of rows of the widest dense layer (see nn/workspace.hpp).
     std::int64_t widest_in = 1, widest_out = 1, largest_weight = 1;
@@ -354,9 +355,11 @@ void Model::plan(std::int64_t max_batch) {
     if (device_ != Device::cpu || kernels::host_matmul_takes(precision_)) {
       workspace_->working_params = params_;
       workspace_->compute_params = compute_params_;
+      workspace_->input16 = Tensor({workspace_->block_rows * widest_in}, precision_, device_);
     }
     for (auto& layer : layers_) layer->set_workspace(workspace_.get());
   }
+  for (auto& layer : layers_) layer->plan(max_batch, precision_);
   current_batch_ = -1;
   have_forward_ = false;
   use_batch(max_batch);

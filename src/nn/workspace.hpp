@@ -25,6 +25,9 @@ struct ComputeWorkspace {
   // offset and feeds 16-bit operands straight to the matmul. Undefined elsewhere: the layers
   // then widen to f32.
   Tensor working_params, compute_params;
+  // With them: [block_rows * widest input] in the working dtype, an f32 input (the model's
+  // first layer) rounded for the 16-bit GEMMs.
+  Tensor input16;
 };
 
 }  // namespace mpt::nn
