@@ -30,6 +30,44 @@ void channel_rows_to_samples(const Tensor& rows, const Tensor& bias, Tensor& sam
 void samples_to_channel_rows(const Tensor& samples, Tensor& rows, const Tensor* relu_output);
 void channel_bias_forward(Tensor& y, const Tensor& bias);
 void channel_bias_backward(const Tensor& dy, Tensor& bias_grad, bool accumulate);
+
+// The whole convolution through oneDNN (kernels/host/conv2d_dnnl.cpp): the host's counterpart of
+// cuda::CudnnConv2d below, with the same contracts. Forward, backward data and weights (with the
+// bias) are oneDNN's direct convolution primitives in the formats it prefers; the tensors stay
+// NCHW and are reordered to and from those formats per call (the f32 input of a first layer is
+// rounded to DTYPE by that reorder). DTYPE is f32, or bf16 where host_matmul_takes(bf16) (AMX or
+// AVX512-BF16 kernels): plan() returns false, with describe() saying why, for any other dtype,
+// for a build without oneDNN, and where oneDNN has only its reference kernels, so that the
+// layer keeps its im2col path. Scratch for the reordered tensors is planned for MAX_BATCH; a
+// short batch gets its primitives the first time it is seen.
+class DnnlConv2d {
+ public:
+  DnnlConv2d();
+  ~DnnlConv2d();
+  DnnlConv2d(DnnlConv2d&&) noexcept;
+  DnnlConv2d& operator=(DnnlConv2d&&) noexcept;
+
+  bool plan(const Conv2dGeometry& g, std::int64_t out_channels, std::int64_t max_batch,
+            DType dtype, bool relu);
+  bool planned() const;
+  // Y = conv(X, WEIGHT) + BIAS[c] (then the ReLU): X [n, C, H, W] in DTYPE or f32, WEIGHT
+  // [K, C, k, k] in DTYPE, BIAS [K] f32, Y [n, K, OH, OW] in DTYPE, n <= MAX_BATCH.
+  void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y);
+  // From DY (DTYPE; masked by Y > 0 first with the ReLU): overwrites WEIGHT_GRAD and BIAS_GRAD
+  // (f32 or DTYPE: oneDNN sums over the batch in f32, rounded once) and, unless null, DX (like
+  // X). X and Y: the forward's.
+  void backward(const Tensor& x, const Tensor& weight, const Tensor& y, const Tensor& dy,
+                Tensor& weight_grad, Tensor& bias_grad, Tensor* dx);
+  // "fwd=<oneDNN kernel> bwd_data=... bwd_weights=..." for the planned batch, or why plan()
+  // returned false.
+  std::string describe() const;
+  std::int64_t scratch_bytes() const;
+
+ private:
+  void validate(const char* op, const Tensor& x, const Tensor& weight) const;
+  struct State;
+  std::unique_ptr<State> state_;
+};
 }  // namespace host
 // The CUDA twins (kernels/cuda/conv2d.cu), same contracts, every tensor on the cuda device.
 namespace cuda {

@@ -36,7 +36,30 @@ std::atomic<CudaConvPath>& conv_path_setting() {
   }()};
   return path;
 }
+
+// The host's: MPTRAIN_HOST_CONV when set, else onednn.
+std::atomic<HostConvPath>& host_conv_path_setting() {
+  static std::atomic<HostConvPath> path{[] {
+    const char* text = std::getenv("MPTRAIN_HOST_CONV");
+    return text && *text ? host_conv_path_from_name(text, "MPTRAIN_HOST_CONV")
+                         : HostConvPath::onednn;
+  }()};
+  return path;
+}
 }  // namespace
+
+void set_host_conv_path(HostConvPath path) { host_conv_path_setting().store(path); }
+HostConvPath host_conv_path() { return host_conv_path_setting().load(); }
+
+HostConvPath host_conv_path_from_name(const std::string& name, const std::string& option) {
+  if (name == "onednn") return HostConvPath::onednn;
+  if (name == "im2col") return HostConvPath::im2col;
+  throw_user_error(option + "='" + name + "' is not a host conv path", "use onednn or im2col");
+}
+
+const char* host_conv_path_name(HostConvPath path) {
+  return path == HostConvPath::onednn ? "onednn" : "im2col";
+}
 
 void set_cuda_conv_path(CudaConvPath path) { conv_path_setting().store(path); }
 CudaConvPath cuda_conv_path() { return conv_path_setting().load(); }
@@ -92,9 +115,10 @@ std::vector<ParamSpec> Conv2d::param_specs() const {
 
 void Conv2d::plan(std::int64_t max_batch, DType precision) {
   uses_cudnn_ = plan_cudnn(max_batch, precision);
+  uses_dnnl_ = !uses_cudnn_ && plan_dnnl(max_batch, precision);
   takes_16_ = false;
   col16_ = rows16_ = x16_ = Tensor();
-  if (uses_cudnn_) {  // none of the im2col path's scratch
+  if (uses_cudnn_ || uses_dnnl_) {  // none of the im2col path's scratch
     col_ = rows_ = weight_grad_ = bias_grad_ = Tensor();
     staging_ = SampleStaging();
     block_ = 0;
@@ -163,6 +187,23 @@ bool Conv2d::plan_cudnn(std::int64_t max_batch, DType precision) {
 #endif
 }
 
+bool Conv2d::plan_dnnl(std::int64_t max_batch, DType precision) {
+  dnnl_ = kernels::host::DnnlConv2d();
+  if (device_ != Device::cpu || host_conv_path() != HostConvPath::onednn ||
+      kernels::matmul_backend() != kernels::MatmulBackend::dnnl)
+    return false;
+  // A 16-bit conv reads its weight in the working copy, which only a model's workspace holds.
+  if (precision != DType::f32 && !(workspace_ && workspace_->working_params.defined()))
+    return false;
+  return dnnl_.plan(geometry_, out_channels_, std::max<std::int64_t>(1, max_batch), precision,
+                    fused_relu_);
+}
+
+std::string Conv2d::dnnl_plan() const {
+  if (device_ != Device::cpu) return "not on the host";
+  return dnnl_.describe();
+}
+
 std::string Conv2d::cudnn_plan() const {
 #ifdef MPTRAIN_HAVE_CUDNN
   if (device_ != Device::cuda) return "not on the cuda device";
@@ -190,6 +231,7 @@ std::int64_t Conv2d::scratch_bytes() const {
   // The cuDNN path's scratch is one buffer per device that every conv shares (counted once,
   // by the device arena), so a layer adds nothing of its own.
   if (uses_cudnn_) return 0;
+  if (uses_dnnl_) return dnnl_.scratch_bytes();
   std::int64_t bytes = staging_.scratch_bytes();
   for (const Tensor* t : {&col_, &rows_, &weight_grad_, &bias_grad_, &col16_, &rows16_, &x16_})
     if (t->defined()) bytes += static_cast<std::int64_t>(t->size_bytes());
@@ -200,6 +242,7 @@ void Conv2d::forward(const Tensor& x, Tensor& y, bool) {
 #ifdef MPTRAIN_HAVE_CUDNN
   if (uses_cudnn_) return cudnn_.forward(x, storage_weight("forward"), param_value(kBias), y);
 #endif
+  if (uses_dnnl_) return dnnl_.forward(x, storage_weight("forward"), param_value(kBias), y);
   if (!col_.defined()) abort_job("nn::Conv2d::forward " + name() + ": plan() the model first");
   const std::int64_t positions = geometry_.col_columns();
   const std::int64_t out = out_channels_ * positions;
@@ -226,6 +269,9 @@ void Conv2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor
     return cudnn_.backward(x, storage_weight("backward"), y, dy, param_grad(kWeight),
                            param_grad(kBias), dx);
 #endif
+  if (uses_dnnl_)
+    return dnnl_.backward(x, storage_weight("backward"), y, dy, param_grad(kWeight),
+                          param_grad(kBias), dx);
   const std::int64_t in = geometry_.channels * geometry_.height * geometry_.width;
   const std::int64_t positions = geometry_.col_columns();
   const std::int64_t out = out_channels_ * positions;

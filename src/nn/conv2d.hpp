@@ -1,7 +1,8 @@
 // 2-D convolution layer over NCHW samples: weights (C_out, C_in, K, K) and a bias, like
 // PyTorch's nn.Conv2d with dilation 1 and groups 1. Lowered to im2col + matmul over blocks of
 // samples, so that each pass is one large GEMM rather than one small GEMM per sample. On the
-// cuda device it goes through cuDNN instead, unless CudaConvPath::im2col is chosen (nn.hpp).
+// cuda device it goes through cuDNN instead, unless CudaConvPath::im2col is chosen (nn.hpp), and
+// on the host through oneDNN's convolution, unless HostConvPath::im2col is (or oneDNN declines).
 #pragma once
 
 #include <cstdint>
@@ -46,9 +47,15 @@ class Conv2d final : public Layer {
   bool uses_cudnn() const { return uses_cudnn_; }
   // The cuDNN algorithms and workspace chosen by plan(), or why cuDNN is not used.
   std::string cudnn_plan() const;
+  // True when the last plan() chose oneDNN's convolution: the host, host_conv_path() ==
+  // onednn, the oneDNN matmul backend, and a dtype oneDNN computes natively here.
+  bool uses_dnnl() const { return uses_dnnl_; }
+  // oneDNN's kernels chosen by plan(), or why oneDNN is not used.
+  std::string dnnl_plan() const;
 
  private:
   bool plan_cudnn(std::int64_t max_batch, DType precision);
+  bool plan_dnnl(std::int64_t max_batch, DType precision);
   // The weight in the storage dtype: the f32 compute copy, or its 16-bit working twin.
   const Tensor& storage_weight(const char* caller);
 
@@ -79,6 +86,9 @@ class Conv2d final : public Layer {
   const Tensor& unfold(const Tensor& x, std::int64_t first, std::int64_t count);
   // The cuDNN path: forward, backward data, filter and bias through one plan.
   bool uses_cudnn_ = false;
+  // The host's library path: the same through oneDNN.
+  bool uses_dnnl_ = false;
+  kernels::host::DnnlConv2d dnnl_;
   DType storage_ = DType::f32;
   Tensor weight16_;  // view of the model's 16-bit working copy (nn/workspace.hpp)
 #ifdef MPTRAIN_HAVE_CUDNN

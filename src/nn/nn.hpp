@@ -62,6 +62,18 @@ CudaConvPath cuda_conv_path();
 CudaConvPath cuda_conv_path_from_name(const std::string& name, const std::string& option);
 const char* cuda_conv_path_name(CudaConvPath path);
 
+// How conv layers on the host compute: onednn (the default: oneDNN's convolution primitives,
+// kernels::host::DnnlConv2d, for f32, and for bf16 where the CPU has bf16 dot products) or
+// im2col (im2col + the host matmul, the path for fp16 and wherever oneDNN declines). The matmul
+// backend blas (--kernels.matmul=blas) means no oneDNN, so im2col too. Each conv reads it in
+// plan(). It starts from the environment variable MPTRAIN_HOST_CONV (onednn|im2col) when set.
+enum class HostConvPath { onednn, im2col };
+void set_host_conv_path(HostConvPath path);
+HostConvPath host_conv_path();
+// Parses "onednn" or "im2col"; throws UserError naming OPTION otherwise.
+HostConvPath host_conv_path_from_name(const std::string& name, const std::string& option);
+const char* host_conv_path_name(HostConvPath path);
+
 // Sums COUNT floats at DATA element-wise across the ranks of a data-parallel job, in place. The
 // trainer installs one (an MPI_Allreduce) for synchronised BatchNorm; nn knows nothing of MPI.
 using StatsReducer = std::function<void(float* data, std::int64_t count)>;

@@ -14,6 +14,7 @@
 #include "core/half.hpp"
 #include "core/random.hpp"
 #include "kernels/cast.hpp"
+#include "kernels/matmul.hpp"
 #include "kernels/relu.hpp"
 #include "kernels/softmax_xent.hpp"
 #include "nn/conv2d.hpp"
@@ -32,6 +33,23 @@ void fill_uniform(Tensor& t, std::uint64_t seed, float low, float high) {
 }
 using test::central_difference;
 using test::values_of;
+
+// Sets the host conv path for a test and restores the process-wide one after it.
+struct HostConvPathGuard {
+  HostConvPath saved = host_conv_path();
+  explicit HostConvPathGuard(HostConvPath path) { set_host_conv_path(path); }
+  ~HostConvPathGuard() { set_host_conv_path(saved); }
+};
+// Whether oneDNN takes a conv of this geometry (f32): a build with it, and a stride that reads
+// every padded column (else plan() declines and the layer keeps im2col).
+bool dnnl_takes(std::int64_t size_h, std::int64_t size_w, std::int64_t kernel, std::int64_t stride,
+                std::int64_t pad) {
+  const auto unread = [&](std::int64_t size) {
+    const std::int64_t out = (size + 2 * pad - kernel) / stride + 1;
+    return (out - 1) * stride + kernel - size - pad < 0;
+  };
+  return kernels::dnnl_available() && !unread(size_h) && !unread(size_w);
+}
 
 // A standalone layer with its parameters bound to flat f32 buffers.
 struct Bound {
@@ -79,17 +97,23 @@ std::vector<double> direct_conv(const Tensor& x, const Tensor& w, const Tensor& 
 }
 
 TEST(Conv2dLayer, MatchesDirectConvolutionOnOddShapes) {
-  // C_in 3, 7x9 input, K 3, stride 2, pad 1 -> (4, 4, 5); and K 2, stride 3, no pad -> (4, 2, 3).
+  // C_in 3, 7x9 input, K 3, stride 2, pad 1 -> (4, 4, 5); and K 2, stride 3, no pad -> (4, 2, 3);
+  // through oneDNN's convolution and through im2col.
+  for (const HostConvPath path : {HostConvPath::onednn, HostConvPath::im2col})
   for (const auto& [kernel, stride, pad] :
-       std::vector<std::array<std::int64_t, 3>>{{3, 2, 1}, {2, 3, 0}, {3, 1, 2}, {1, 1, 0}}) {
-    SCOPED_TRACE("K " + std::to_string(kernel) + " stride " + std::to_string(stride) + " pad " +
-                 std::to_string(pad));
+       std::vector<std::array<std::int64_t, 3>>{{3, 2, 1}, {2, 3, 0}, {3, 1, 2}, {1, 1, 0}, {5, 2, 2}}) {
+    SCOPED_TRACE(std::string(host_conv_path_name(path)) + " K " + std::to_string(kernel) +
+                 " stride " + std::to_string(stride) + " pad " + std::to_string(pad));
+    HostConvPathGuard guard(path);
     const Shape in_shape{3, 7, 9};
     Conv2d conv("conv0", in_shape, 4, kernel, stride, pad);
     Bound b = bind(conv);
     fill_uniform(b.params, 1, -1.f, 1.f);
     const Shape out = conv.output_shape(in_shape);
     conv.plan(2, DType::f32);
+    EXPECT_EQ(conv.uses_dnnl(),
+              path == HostConvPath::onednn && dnnl_takes(7, 9, kernel, stride, pad))
+        << conv.dnnl_plan();
     Tensor x({2, 3, 7, 9}, DType::f32), y({2, out[0], out[1], out[2]}, DType::f32);
     fill_uniform(x, 2, -2.f, 2.f);
     conv.forward(x, y, true);
@@ -115,6 +139,7 @@ TEST(Conv2dLayer, BlocksThatDoNotDivideTheBatchMatchTheDirectConvolution) {
     Tensor x({batch, 3, 7, 9}, DType::f32);
     fill_uniform(x, 20, -2.f, 2.f);
     std::vector<float> reference_dw, reference_dx;
+    HostConvPathGuard guard(HostConvPath::im2col);  // blocks are the im2col path's
     for (const std::int64_t block : {1, 2, 3, 5, 8}) {
       SCOPED_TRACE("block " + std::to_string(block));
       Conv2d conv("conv0", in_shape, 4, kernel, stride, pad);
@@ -239,15 +264,22 @@ TEST(ConvGradcheck, WeightsBiasAndInput) {
   // Linear in every weight, bias and input: central differences are exact up to f32 rounding
   // of Y (|y| <~ 10, 2^-24 relative, ~80 terms in the loss) ~ 5e-5 / (2 eps = 0.5) ~ 1e-4 at
   // worst; tolerance 5e-4 is far below the O(0.1) error of a wrong tap, transpose or sign.
+  // Both host paths: oneDNN's convolution (where the build has it) and im2col.
   const Shape in_shape{3, 7, 9};
+  for (const HostConvPath path : {HostConvPath::onednn, HostConvPath::im2col}) {
+  SCOPED_TRACE(host_conv_path_name(path));
+  HostConvPathGuard guard(path);
   Conv2d conv("conv0", in_shape, 4, 3, 2, 1);
   Bound b = bind(conv);
   fill_uniform(b.params, 5, -1.f, 1.f);
   conv.plan(2, DType::f32);
+  EXPECT_EQ(conv.uses_dnnl(), path == HostConvPath::onednn && kernels::dnnl_available());
   Tensor x({2, 3, 7, 9}, DType::f32);
   fill_uniform(x, 6, -2.f, 2.f);
   gradcheck(conv, b, x, conv.output_shape(in_shape), 0.25f, 5e-4, false);
+  }
   // "Same" stride-1 padding, batch 3 in blocks of 2 (a short last block).
+  HostConvPathGuard guard(HostConvPath::im2col);
   Conv2d same("conv1", in_shape, 4, 3, 1, 1);
   same.set_block_samples(2);
   Bound b_same = bind(same);
@@ -400,6 +432,11 @@ class FusedRelu : public testing::TestWithParam<DType> {};
 // and the relu kernels apart, in one storage dtype, batch 5 in blocks of 2: the same output,
 // dW, db and dx (equal values; under 16-bit storage a -0 may come out as +0).
 TEST_P(FusedRelu, MatchesConvThenRelu) {
+  // Through oneDNN (the f32 layers here: a standalone 16-bit layer has no working weights) and
+  // through im2col.
+  for (const HostConvPath path : {HostConvPath::onednn, HostConvPath::im2col}) {
+  SCOPED_TRACE(host_conv_path_name(path));
+  HostConvPathGuard guard(path);
   const DType dtype = GetParam();
   const Shape in_shape{3, 7, 6};
   const std::int64_t batch = 5;
@@ -451,6 +488,9 @@ TEST_P(FusedRelu, MatchesConvThenRelu) {
     ASSERT_EQ(got_values.size(), want_values.size());
     for (std::size_t i = 0; i < got_values.size(); ++i)
       ASSERT_EQ(got_values[i], want_values[i]) << i;
+  }
+  EXPECT_EQ(fused.uses_dnnl(), path == HostConvPath::onednn && dtype == DType::f32 &&
+                                   kernels::dnnl_available());
   }
 }
 

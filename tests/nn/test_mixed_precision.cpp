@@ -24,8 +24,10 @@
 
 #include "core/half.hpp"
 #include "core/random.hpp"
+#include "kernels/matmul.hpp"
 #include "kernels/softmax_xent.hpp"
 #include "kernels/unscale_check.hpp"
+#include "nn/conv2d.hpp"
 #include "nn/nn.hpp"
 #include "nn/relu_layer.hpp"
 #include "optim/optim.hpp"
@@ -147,17 +149,33 @@ TEST_P(MixedPrecision, SingleDenseComputesWithTheRoundedWeightsExactly) {
   // One dense layer reads the f32 input and writes f32 logits, so the only 16-bit effect is
   // the rounding of the weights: its logits equal the f32 model's on the rounded weights bit
   // for bit, and its gradients are the f32 gradients rounded once (also exact, 0 ulp).
+  // Where the host matmul takes the 16-bit dtype (bf16 on AMX or AVX512-BF16), the forward
+  // rounds the f32 input too, as autocast does, and sums in oneDNN's bf16 order: then the logits
+  // are the twin's on the rounded input to f32 summation error (6 terms), and the gradients
+  // (f32 dlogits: the widened path) stay exact.
   const DType dtype = GetParam();
+  const bool native = kernels::host_matmul_takes(dtype);
   Model model = Model::build("dense:4", {6}, 4, dtype);
   model.init_params(3);
   Model twin = f32_twin(model, "dense:4", {6}, 4);
   model.plan(3);
   twin.plan(3);
   const Tensor x = uniform({3, 6}, 2, -2.f, 2.f);
+  Tensor x_rounded = uniform({3, 6}, 2, -2.f, 2.f);
+  if (native)
+    for (std::int64_t i = 0; i < x_rounded.numel(); ++i)
+      x_rounded.data<float>()[i] = widen(dtype, round_to(dtype, x_rounded.data<float>()[i]));
   const Tensor r = uniform({3, 4}, 4, -1.f, 1.f);  // loss = sum r .* logits, dlogits = r
   const auto logits = values_of(model.forward(x, true));
-  const auto twin_logits = values_of(twin.forward(x, true));
-  for (std::size_t i = 0; i < logits.size(); ++i) ASSERT_EQ(logits[i], twin_logits[i]) << i;
+  const auto twin_logits = values_of(twin.forward(x_rounded, true));
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    if (native) {
+      ASSERT_NEAR(logits[i], twin_logits[i], 8 * 0x1p-24 * 6 * 2 * 2) << i;
+    } else {
+      ASSERT_EQ(logits[i], twin_logits[i]) << i;
+    }
+  }
+  if (native) twin.forward(x, true);  // the gradients below are of the unrounded input
   model.backward(r);
   twin.backward(r);
   const auto* grads = static_cast<const std::uint16_t*>(model.grads().raw());
@@ -524,6 +542,71 @@ TEST(MixedPrecisionFirstLayer, ReluFirstAcceptsTheF32Input) {
     const Tensor& expected = reference.forward(x, true);
     for (std::int64_t i = 0; i < 6; ++i)
       EXPECT_NEAR(logits.data<float>()[i], expected.data<float>()[i], 1e-2) << dtype_name(dtype);
+  }
+}
+
+// Where the host matmul takes bf16 (oneDNN on AMX or AVX512-BF16), the conv and dense layers feed
+// it the bf16 activations and working weights (a first layer rounds the f32 input), and convs
+// go through oneDNN's bf16 convolution unless the im2col path is chosen; with BLAS they widen
+// to f32 first (and the input stays f32, a difference of u in the first layer). bf16 products
+// are exact in f32 and both paths sum in f32, so they differ only in the order of the sums, and
+// in the bf16 roundings that such a difference tips (an ulp of one activation now and then). The
+// logits and every gradient agree to 4u of their largest magnitude; a transposed operand, a
+// wrong weight view or a lost block is off by the values themselves.
+TEST(MixedPrecisionHostBf16, NativeGemmsAgreeWithTheWidenedPath) {
+  const kernels::MatmulBackend saved = kernels::matmul_backend();
+  if (!kernels::host_matmul_takes(DType::bf16))
+    GTEST_SKIP() << "no native bf16 matmul here (a CPU without AVX512-BF16 or AMX, or no oneDNN)";
+  // A conv first (its f32 input rounded by the conv) and a dense first (rounded by the dense).
+  const struct {
+    const char* spec;
+    Shape sample;
+  } models[] = {
+      {"conv:4:3:pad=1,relu,maxpool:2,conv:6:5:pad=2,relu,flatten,dense:24,relu,dense:5", {2, 8, 8}},
+      {"dense:40,relu,dense:24,relu,dense:5", {2, 8, 8}}};
+  const std::int64_t batch = 9;
+  const double u = unit_roundoff(DType::bf16);
+  const Tensor x = uniform({batch, 2, 8, 8}, 21, -1.f, 1.f);
+  const Tensor r = uniform({batch, 5}, 22, -1.f, 1.f);  // dlogits
+  for (const auto& [spec, sample] : models) {
+    SCOPED_TRACE(spec);
+    // 0: oneDNN's convolution and bf16 matmul; 1: im2col with the bf16 matmul; 2: widened.
+    std::vector<double> logits[3], grads[3];
+    const HostConvPath saved_path = host_conv_path();
+    for (int config = 0; config < 3; ++config) {
+      kernels::set_matmul_backend(config == 2 ? kernels::MatmulBackend::blas : saved);
+      set_host_conv_path(config == 0 ? HostConvPath::onednn : HostConvPath::im2col);
+      EXPECT_EQ(kernels::host_matmul_takes(DType::bf16), config < 2);
+      Model model = Model::build(spec, sample, 5, DType::bf16);
+      model.init_params(23);
+      model.plan(batch);
+      // The path each conv took: oneDNN's only in config 0 (where its bf16 kernels are native).
+      for (const auto& layer : model.layers())
+        if (const auto* conv = dynamic_cast<const Conv2d*>(layer.get()))
+          EXPECT_EQ(conv->uses_dnnl(), config == 0) << conv->name() << ": " << conv->dnnl_plan();
+      logits[config] = values_of(model.forward(x, true));
+      model.backward(r);
+      grads[config] = values_of(model.grads());
+    }
+    kernels::set_matmul_backend(saved);
+    set_host_conv_path(saved_path);
+    const auto check = [&](const char* what, const std::vector<double>& got,
+                           const std::vector<double>& want) {
+      ASSERT_EQ(got.size(), want.size());
+      double scale = 0, worst = 0;
+      for (double v : want) scale = std::max(scale, std::fabs(v));
+      for (std::size_t i = 0; i < got.size(); ++i)
+        worst = std::max(worst, std::fabs(got[i] - want[i]));
+      std::printf("    %s: max |native - widened| = %.2f u max|value| (max %.3g)\n", what,
+                  worst / (u * scale), scale);
+      EXPECT_GT(scale, 0.0) << what;
+      EXPECT_LE(worst, 4 * u * scale) << what;
+    };
+    for (int config = 0; config < 2; ++config) {
+      SCOPED_TRACE(config == 0 ? "onednn conv" : "im2col, bf16 matmul");
+      check("logits", logits[config], logits[2]);
+      check("gradients", grads[config], grads[2]);
+    }
   }
 }
 
