@@ -180,7 +180,7 @@ bool DnnlConv2d::plan(const Conv2dGeometry& g, std::int64_t out_channels, std::i
   }
   // A reference (plain C++) kernel is slower than the im2col path: leave the layer to it.
   const BatchPlan& p = s.plans.begin()->second;
-  for (const std::string impl : {std::string(p.forward.impl_info_str()),
+  for (const std::string& impl : {std::string(p.forward.impl_info_str()),
                                  std::string(p.backward_data.impl_info_str()),
                                  std::string(p.backward_weights.impl_info_str())})
     if (impl.rfind("ref", 0) == 0) return refuse("oneDNN has only its reference kernel (" + impl + ")");

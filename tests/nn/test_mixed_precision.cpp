@@ -581,9 +581,11 @@ TEST(MixedPrecisionHostBf16, NativeGemmsAgreeWithTheWidenedPath) {
       model.init_params(23);
       model.plan(batch);
       // The path each conv took: oneDNN's only in config 0 (where its bf16 kernels are native).
-      for (const auto& layer : model.layers())
-        if (const auto* conv = dynamic_cast<const Conv2d*>(layer.get()))
+      for (const auto& layer : model.layers()) {
+        if (const auto* conv = dynamic_cast<const Conv2d*>(layer.get())) {
           EXPECT_EQ(conv->uses_dnnl(), config == 0) << conv->name() << ": " << conv->dnnl_plan();
+        }
+      }
       logits[config] = values_of(model.forward(x, true));
       model.backward(r);
       grads[config] = values_of(model.grads());
