@@ -54,6 +54,25 @@ Tensor random_matrix(std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
   return t;
 }
 
+// The timed loop of one case: OUT = op(A) op(B), after checking OUT (already computed once)
+// against CHECK, the same product another way; a difference over 1e-3 fails the run with
+// DISAGREE and the difference.
+void time_matmul(benchmark::State& state, const MatmulCase& c, const Tensor& a, const Tensor& b,
+                 Tensor& out, const Tensor& check, const char* disagree) {
+  double worst = 0;
+  for (std::int64_t i = 0; i < out.numel(); ++i)
+    worst = std::max(worst, double{std::fabs(out.data<float>()[i] - check.data<float>()[i])});
+  if (worst > 1e-3) state.SkipWithError((disagree + std::to_string(worst)).c_str());
+  for (auto _ : state) {
+    mpt::kernels::matmul(a, c.transpose_a, b, c.transpose_b, out);
+    benchmark::DoNotOptimize(out.raw());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(c.m * c.n * c.k) * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["worst_diff"] = worst;
+}
+
 void run_matmul(benchmark::State& state, MatmulCase c, MatmulBackend backend) {
   mpt::kernels::set_matmul_backend(backend);
   const Tensor a = c.transpose_a ? random_matrix(c.k, c.m, 1) : random_matrix(c.m, c.k, 1);
@@ -66,19 +85,7 @@ void run_matmul(benchmark::State& state, MatmulCase c, MatmulBackend backend) {
                                                                   : MatmulBackend::dnnl);
   mpt::kernels::matmul(a, c.transpose_a, b, c.transpose_b, check);
   mpt::kernels::set_matmul_backend(backend);
-  double worst = 0;
-  for (std::int64_t i = 0; i < out.numel(); ++i)
-    worst = std::max(worst, double{std::fabs(out.data<float>()[i] - check.data<float>()[i])});
-  if (worst > 1e-3) state.SkipWithError(("backends disagree by " + std::to_string(worst)).c_str());
-
-  for (auto _ : state) {
-    mpt::kernels::matmul(a, c.transpose_a, b, c.transpose_b, out);
-    benchmark::DoNotOptimize(out.raw());
-    benchmark::ClobberMemory();
-  }
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(c.m * c.n * c.k) * 1e-9,
-                                                 benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["worst_diff"] = worst;
+  time_matmul(state, c, a, b, out, check, "backends disagree by ");
 }
 
 // The same product with bf16 operands (the values rounded to bf16) and an f32 result, as the
@@ -96,19 +103,7 @@ void run_matmul_bf16(benchmark::State& state, MatmulCase c) {
   Tensor out({c.m, c.n}, DType::f32), check({c.m, c.n}, DType::f32);
   mpt::kernels::matmul(a, c.transpose_a, b, c.transpose_b, out);
   mpt::kernels::matmul(a32, c.transpose_a, b32, c.transpose_b, check);
-  double worst = 0;
-  for (std::int64_t i = 0; i < out.numel(); ++i)
-    worst = std::max(worst, double{std::fabs(out.data<float>()[i] - check.data<float>()[i])});
-  if (worst > 1e-3) state.SkipWithError(("bf16 and f32 disagree by " + std::to_string(worst)).c_str());
-
-  for (auto _ : state) {
-    mpt::kernels::matmul(a, c.transpose_a, b, c.transpose_b, out);
-    benchmark::DoNotOptimize(out.raw());
-    benchmark::ClobberMemory();
-  }
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(c.m * c.n * c.k) * 1e-9,
-                                                 benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["worst_diff"] = worst;
+  time_matmul(state, c, a, b, out, check, "bf16 and f32 disagree by ");
 }
 
 // The console report, then one line per case with oneDNN / OpenBLAS throughput.
