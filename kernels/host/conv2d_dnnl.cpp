@@ -3,13 +3,15 @@
 // (blocked nChw16c-like layouts for its JIT and AMX kernels); the layer's tensors stay NCHW, so
 // each call reorders between the two where they differ, a pass over a tensor that costs a small
 // part of the unfolded column matrix the im2col path writes (25 values per input at 5x5).
-// Primitive descriptors are made once per batch size (plan() for the largest; a short last batch
-// gets its own the first time it is seen), and the reorders and primitives themselves come from
-// oneDNN's primitive cache, so a steady-state call creates no kernel.
+// Primitives are made once per batch size (plan() for the largest; a short last batch gets its
+// own the first time it is seen), and each reorder the first time it is needed, so a
+// steady-state call creates nothing.
 #include "kernels/conv2d.hpp"
 
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/error.hpp"
 #include "kernels/cast.hpp"
@@ -31,11 +33,35 @@ using tag = dnnl::memory::format_tag;
 
 dt dnnl_type(DType dtype) { return dtype == DType::bf16 ? dt::bf16 : dt::f32; }
 
-// The primitives of one batch size.
+// The primitives of one batch size, made once, and the reorders its calls need, made the first
+// time each is needed: a steady-state call creates nothing.
 struct BatchPlan {
   dnnl::convolution_forward::primitive_desc forward;
   dnnl::convolution_backward_data::primitive_desc backward_data;
   dnnl::convolution_backward_weights::primitive_desc backward_weights;
+  dnnl::convolution_forward forward_primitive;
+  dnnl::convolution_backward_data backward_data_primitive;
+  dnnl::convolution_backward_weights backward_weights_primitive;
+  struct Reorder {
+    dnnl::memory::desc from, to;
+    dnnl::reorder primitive;
+  };
+  std::vector<Reorder> reorders;  // a few per plan: a linear search
+
+  BatchPlan(dnnl::convolution_forward::primitive_desc f,
+            dnnl::convolution_backward_data::primitive_desc d,
+            dnnl::convolution_backward_weights::primitive_desc w)
+      : forward(std::move(f)), backward_data(std::move(d)), backward_weights(std::move(w)),
+        forward_primitive(forward), backward_data_primitive(backward_data),
+        backward_weights_primitive(backward_weights) {}
+
+  const dnnl::reorder& reorder(const dnnl::memory::desc& from, const dnnl::memory::desc& to,
+                               const dnnl::engine& engine) {
+    for (const Reorder& r : reorders)
+      if (r.from == from && r.to == to) return r.primitive;
+    reorders.push_back({from, to, dnnl::reorder(dnnl::reorder::primitive_desc(engine, from, engine, to))});
+    return reorders.back().primitive;
+  }
 };
 }  // namespace
 
@@ -85,20 +111,24 @@ struct DnnlConv2d::State {
                                                  weight_grad_any, bias, dst_any, strides, left,
                                                  right),
         engine, forward);
-    return {forward, backward_data, backward_weights};
+    return BatchPlan(forward, backward_data, backward_weights);
   }
 
-  // The plan for batch N, made the first time N is seen; its scratch grown to fit.
-  const BatchPlan& plan_for(std::int64_t n) {
+  // The plan for batch N, made the first time N is seen (plan() makes the first, and declines
+  // where oneDNN cannot); its scratch grown to fit.
+  BatchPlan& plan_for(std::int64_t n) {
     auto found = plans.find(n);
     if (found != plans.end()) return found->second;
-    BatchPlan plan;
     try {
-      plan = make_plan(n);
+      return adopt(n, make_plan(n));
     } catch (const dnnl::error& error) {
       abort_job("kernels::DnnlConv2d: oneDNN cannot make the primitives for a batch of " +
                 std::to_string(n) + " (" + describe_geometry() + "): " + error.what());
     }
+  }
+
+  // PLAN as batch N's, with the scratch grown to fit its layouts.
+  BatchPlan& adopt(std::int64_t n, BatchPlan plan) {
     const auto fit = [](Tensor& buffer, const dnnl::memory::desc& desc) {
       const auto bytes = static_cast<std::int64_t>(desc.get_size());
       if (!buffer.defined() || buffer.numel() < bytes) buffer = Tensor({bytes}, DType::u8);
@@ -133,10 +163,11 @@ struct DnnlConv2d::State {
   }
   // USER in the layout WANT: USER itself when it already is, else reordered into SCRATCH (the
   // reorder also converts f32 to bf16: rounding to nearest even, as kernels::cast).
-  dnnl::memory in_layout(const dnnl::memory::desc& want, const dnnl::memory& from, Tensor& scratch) {
+  dnnl::memory in_layout(BatchPlan& plan, const dnnl::memory::desc& want,
+                         const dnnl::memory& from, Tensor& scratch) {
     if (want == from.get_desc()) return from;
     dnnl::memory source = from, to(want, engine, scratch.raw());  // handles: copies share
-    dnnl::reorder(source, to).execute(stream, source, to);
+    plan.reorder(from.get_desc(), want, engine).execute(stream, source, to);
     return to;
   }
   // Where a primitive writes a result whose caller's memory is TO: TO itself when the layouts
@@ -144,10 +175,10 @@ struct DnnlConv2d::State {
   dnnl::memory out_layout(const dnnl::memory::desc& have, const dnnl::memory& to, Tensor& scratch) {
     return have == to.get_desc() ? to : dnnl::memory(have, engine, scratch.raw());
   }
-  void finish(const dnnl::memory& result, const dnnl::memory& to) {
+  void finish(BatchPlan& plan, const dnnl::memory& result, const dnnl::memory& to) {
     if (result.get_data_handle() == to.get_data_handle()) return;
     dnnl::memory source = result, target = to;  // handles: copies share the memory
-    dnnl::reorder(source, target).execute(stream, source, target);
+    plan.reorder(result.get_desc(), to.get_desc(), engine).execute(stream, source, target);
   }
 };
 
@@ -174,8 +205,8 @@ bool DnnlConv2d::plan(const Conv2dGeometry& g, std::int64_t out_channels, std::i
     return refuse(std::string(dtype_name(dtype)) +
                   " has no oneDNN convolution with native arithmetic on this CPU");
   try {
-    s.plan_for(max_batch);
-  } catch (const dnnl::error& error) {
+    s.adopt(max_batch, s.make_plan(max_batch));
+  } catch (const dnnl::error& error) {  // no kernel for this geometry and dtype: im2col's
     return refuse(std::string("oneDNN: ") + error.what());
   }
   // A reference (plain C++) kernel is slower than the im2col path: leave the layer to it.
@@ -234,20 +265,20 @@ void DnnlConv2d::forward(const Tensor& x, const Tensor& weight, const Tensor& bi
                       y.numel() == n * s.out_channels * s.g.col_columns(),
                   op, "y must be [n, K, OH, OW] in the plan's dtype on the host", y);
   if (n == 0) return;
-  const BatchPlan& p = s.plan_for(n);
+  BatchPlan& p = s.plan_for(n);
   const dims x_dims{n, s.g.channels, s.g.height, s.g.width};
   const dims w_dims{s.out_channels, s.g.channels, s.g.kernel, s.g.kernel};
   const dims y_dims{n, s.out_channels, s.g.out_height(), s.g.out_width()};
-  const dnnl::memory src = s.in_layout(p.forward.src_desc(), s.user(x, x_dims, tag::nchw), s.src);
+  const dnnl::memory src =
+      s.in_layout(p, p.forward.src_desc(), s.user(x, x_dims, tag::nchw), s.src);
   const dnnl::memory w =
-      s.in_layout(p.forward.weights_desc(), s.user(weight, w_dims, tag::oihw), s.weights);
+      s.in_layout(p, p.forward.weights_desc(), s.user(weight, w_dims, tag::oihw), s.weights);
   const dnnl::memory b = s.user(bias, dims{s.out_channels}, tag::a);
   const dnnl::memory y_user = s.user(y, y_dims, tag::nchw);
   const dnnl::memory dst = s.out_layout(p.forward.dst_desc(), y_user, s.dst);
-  dnnl::convolution_forward(p.forward)
-      .execute(s.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_BIAS, b},
-                          {DNNL_ARG_DST, dst}});
-  s.finish(dst, y_user);
+  p.forward_primitive.execute(s.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w},
+                                         {DNNL_ARG_BIAS, b}, {DNNL_ARG_DST, dst}});
+  s.finish(p, dst, y_user);
   s.stream.wait();
 }
 
@@ -278,7 +309,7 @@ void DnnlConv2d::backward(const Tensor& x, const Tensor& weight, const Tensor& y
     bias_grad.zero();
     return;
   }
-  const BatchPlan& p = s.plan_for(n);
+  BatchPlan& p = s.plan_for(n);
   const dims x_dims{n, s.g.channels, s.g.height, s.g.width};
   const dims w_dims{s.out_channels, s.g.channels, s.g.kernel, s.g.kernel};
   const dims y_dims{n, s.out_channels, s.g.out_height(), s.g.out_width()};
@@ -294,32 +325,31 @@ void DnnlConv2d::backward(const Tensor& x, const Tensor& weight, const Tensor& y
   const dnnl::memory dy_user = s.user(*gradient, y_dims, tag::nchw);
   const dnnl::memory x_user = s.user(x, x_dims, tag::nchw);
   // The weight and bias gradients: summed in f32 by oneDNN, rounded once on the way out.
-  const dnnl::memory src_w =
-      s.in_layout(p.backward_weights.src_desc(), x_user, s.src_weights);
+  const dnnl::memory src_w = s.in_layout(p, p.backward_weights.src_desc(), x_user, s.src_weights);
   const dnnl::memory diff_dst_w =
-      s.in_layout(p.backward_weights.diff_dst_desc(), dy_user, s.diff_dst_weights);
+      s.in_layout(p, p.backward_weights.diff_dst_desc(), dy_user, s.diff_dst_weights);
   const dnnl::memory dw_user = s.user(weight_grad, w_dims, tag::oihw);
   const dnnl::memory dw = s.out_layout(p.backward_weights.diff_weights_desc(), dw_user, s.diff_weights);
   const bool f32_bias = bias_grad.dtype() == DType::f32;
   const dnnl::memory db = s.user(f32_bias ? bias_grad : s.bias_sums, dims{s.out_channels}, tag::a);
-  dnnl::convolution_backward_weights(p.backward_weights)
-      .execute(s.stream, {{DNNL_ARG_SRC, src_w}, {DNNL_ARG_DIFF_DST, diff_dst_w},
-                          {DNNL_ARG_DIFF_WEIGHTS, dw}, {DNNL_ARG_DIFF_BIAS, db}});
-  s.finish(dw, dw_user);
+  p.backward_weights_primitive.execute(
+      s.stream, {{DNNL_ARG_SRC, src_w}, {DNNL_ARG_DIFF_DST, diff_dst_w},
+                 {DNNL_ARG_DIFF_WEIGHTS, dw}, {DNNL_ARG_DIFF_BIAS, db}});
+  s.finish(p, dw, dw_user);
   if (dx) {
     // The same reordered dy where both primitives chose one layout.
     const dnnl::memory diff_dst =
         p.backward_data.diff_dst_desc() == diff_dst_w.get_desc()
             ? diff_dst_w
-            : s.in_layout(p.backward_data.diff_dst_desc(), dy_user, s.diff_dst);
-    const dnnl::memory w = s.in_layout(p.backward_data.weights_desc(),
+            : s.in_layout(p, p.backward_data.diff_dst_desc(), dy_user, s.diff_dst);
+    const dnnl::memory w = s.in_layout(p, p.backward_data.weights_desc(),
                                        s.user(weight, w_dims, tag::oihw), s.backward_weights);
     const dnnl::memory dx_user = s.user(*dx, x_dims, tag::nchw);
     const dnnl::memory diff_src = s.out_layout(p.backward_data.diff_src_desc(), dx_user, s.diff_src);
-    dnnl::convolution_backward_data(p.backward_data)
-        .execute(s.stream, {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, w},
-                            {DNNL_ARG_DIFF_SRC, diff_src}});
-    s.finish(diff_src, dx_user);
+    p.backward_data_primitive.execute(s.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
+                                                 {DNNL_ARG_WEIGHTS, w},
+                                                 {DNNL_ARG_DIFF_SRC, diff_src}});
+    s.finish(p, diff_src, dx_user);
   }
   s.stream.wait();
   if (!f32_bias) cast(s.bias_sums, bias_grad);
@@ -337,7 +367,7 @@ bool DnnlConv2d::planned() const { return false; }
 std::string DnnlConv2d::describe() const { return "built without oneDNN"; }
 std::int64_t DnnlConv2d::scratch_bytes() const { return 0; }
 void DnnlConv2d::validate(const char* op, const Tensor&, const Tensor&) const {
-  abort_job(std::string(op) + ": this build has no oneDNN");
+  abort_job(std::string(op) + ": plan() it first (this build has no oneDNN: plan() always declines)");
 }
 void DnnlConv2d::forward(const Tensor& x, const Tensor& weight, const Tensor&, Tensor&) {
   validate("kernels::DnnlConv2d::forward", x, weight);

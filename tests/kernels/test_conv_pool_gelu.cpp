@@ -10,6 +10,7 @@
 #include "kernels/cast.hpp"
 #include "kernels/conv2d.hpp"
 #include "kernels/gelu.hpp"
+#include "kernels/matmul.hpp"
 #include "kernels/pool2d.hpp"
 #include "random_fill.hpp"
 
@@ -132,6 +133,49 @@ TEST(Im2colDeathTest, ColMustHaveTheInputsDtype) {
   Tensor col({g.col_rows(), g.col_columns()}, DType::f32);
   EXPECT_EXIT(im2col(x16, g, col), testing::ExitedWithCode(3),
               "kernels::im2col: col must be \\[C\\*K\\*K, samples\\*OH\\*OW\\] in x's dtype");
+}
+
+// Whole convolutions through oneDNN are checked against direct convolutions in
+// tests/nn/test_conv_layers.cpp (both host paths); here, what plan() declines and why, and the
+// refusals of a call it cannot serve.
+TEST(DnnlConv2d, PlansF32AndNativeBf16AndDeclinesTheRest) {
+  const Conv2dGeometry g{2, 6, 6, 3, 1, 1};
+  host::DnnlConv2d conv;
+  EXPECT_EQ(conv.plan(g, 4, 3, DType::f32, true), dnnl_available()) << conv.describe();
+  EXPECT_EQ(conv.planned(), dnnl_available());
+  EXPECT_EQ(conv.plan(g, 4, 3, DType::bf16, false), host_matmul_takes(DType::bf16))
+      << conv.describe();
+  EXPECT_FALSE(conv.plan(g, 4, 3, DType::f16, false));
+  EXPECT_FALSE(conv.planned());
+  EXPECT_EQ(conv.scratch_bytes(), 0);
+  if (dnnl_available())
+    EXPECT_NE(conv.describe().find("float16 has no oneDNN convolution"), std::string::npos)
+        << conv.describe();
+}
+
+void forward_unplanned() {
+  host::DnnlConv2d conv;
+  conv.plan(Conv2dGeometry{2, 6, 6, 3, 1, 1}, 4, 3, DType::f16, false);  // declined
+  const Tensor x({3, 2, 6, 6}, DType::f16), w({4, 2, 3, 3}, DType::f16), b({4}, DType::f32);
+  Tensor y({3, 4, 6, 6}, DType::f16);
+  conv.forward(x, w, b, y);
+}
+
+void forward_wrong_input() {
+  host::DnnlConv2d conv;
+  conv.plan(Conv2dGeometry{2, 6, 6, 3, 1, 1}, 4, 3, DType::f32, false);
+  const Tensor x({5, 2, 6, 6}, DType::f32), w({4, 2, 3, 3}, DType::f32), b({4}, DType::f32);
+  Tensor y({5, 4, 6, 6}, DType::f32);
+  conv.forward(x, w, b, y);  // 5 samples against a plan for 3
+}
+
+TEST(DnnlConv2dDeathTest, RefusesACallItWasNotPlannedFor) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(forward_unplanned(), testing::ExitedWithCode(3),
+              "kernels::DnnlConv2d::forward: plan\\(\\) it first");
+  if (!dnnl_available()) return;
+  EXPECT_EXIT(forward_wrong_input(), testing::ExitedWithCode(3),
+              "x must be \\[n <= max_batch, C, H, W\\] of the plan");
 }
 
 TEST(ChannelRows, SamplesToRowsAndBackWithBias) {
