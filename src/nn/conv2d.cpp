@@ -139,18 +139,14 @@ void Conv2d::plan(std::int64_t max_batch, DType precision) {
     weight_grad_ = Tensor({out_channels_, geometry_.col_rows()}, DType::f32, device_);
     bias_grad_ = Tensor({out_channels_}, DType::f32, device_);
   }
-  // The same test as Model::plan's for the workspace's working weights.
-  takes_16_ = precision != DType::f32 &&
-              (device_ == Device::cuda || kernels::host_matmul_takes(precision));
+  // The model's workspace (set before plan()) holds the working weights exactly where the
+  // matmul takes the 16-bit dtype; a layer planned alone has none and widens.
+  takes_16_ = precision != DType::f32 && has_working_weights();
   if (takes_16_) {
     col16_ = Tensor({geometry_.col_rows(), columns}, precision, device_);
     rows16_ = Tensor({out_channels_, columns}, precision, device_);
     x16_ = Tensor({in}, precision, device_);
   }
-}
-
-bool Conv2d::gemm_16() const {
-  return takes_16_ && workspace_ && workspace_->working_params.defined();
 }
 
 const Tensor& Conv2d::input_16(const Tensor& x, std::int64_t first, std::int64_t count) {
@@ -165,7 +161,7 @@ const Tensor& Conv2d::input_16(const Tensor& x, std::int64_t first, std::int64_t
 const Tensor& Conv2d::unfold(const Tensor& x, std::int64_t first, std::int64_t count) {
   const std::int64_t in = geometry_.channels * geometry_.height * geometry_.width;
   const std::int64_t columns = count * geometry_.col_columns();
-  if (gemm_16()) {
+  if (takes_16_) {
     Tensor::view_into(col16_block_, col16_, 0, {geometry_.col_rows(), columns});
     kernels::im2col(input_16(x, first, count), geometry_, col16_block_);
     return col16_block_;
@@ -193,10 +189,13 @@ bool Conv2d::plan_dnnl(std::int64_t max_batch, DType precision) {
       kernels::matmul_backend() != kernels::MatmulBackend::dnnl)
     return false;
   // A 16-bit conv reads its weight in the working copy, which only a model's workspace holds.
-  if (precision != DType::f32 && !(workspace_ && workspace_->working_params.defined()))
-    return false;
+  if (precision != DType::f32 && !has_working_weights()) return false;
   return dnnl_.plan(geometry_, out_channels_, std::max<std::int64_t>(1, max_batch), precision,
                     fused_relu_);
+}
+
+bool Conv2d::has_working_weights() const {
+  return workspace_ && workspace_->working_params.defined();
 }
 
 std::string Conv2d::dnnl_plan() const {
@@ -216,7 +215,7 @@ std::string Conv2d::cudnn_plan() const {
 const Tensor& Conv2d::storage_weight(const char* caller) {
   const Tensor& weight = param_value(kWeight);  // a view of the f32 compute copy
   if (storage_ == DType::f32) return weight;
-  if (!workspace_ || !workspace_->working_params.defined())
+  if (!has_working_weights())
     abort_job("nn::Conv2d::" + std::string(caller) + " " + name() +
               ": 16-bit convolutions need the model's workspace (plan() the model)");
   const auto offset = static_cast<std::int64_t>(
@@ -246,7 +245,7 @@ void Conv2d::forward(const Tensor& x, Tensor& y, bool) {
   if (!col_.defined()) abort_job("nn::Conv2d::forward " + name() + ": plan() the model first");
   const std::int64_t positions = geometry_.col_columns();
   const std::int64_t out = out_channels_ * positions;
-  const Tensor& weight = gemm_16() ? storage_weight("forward") : param_value(kWeight);
+  const Tensor& weight = takes_16_ ? storage_weight("forward") : param_value(kWeight);
   Tensor::view_into(weight_2d_, weight, 0, {out_channels_, geometry_.col_rows()});
   for (std::int64_t first = 0; first < x.dim(0); first += block_) {
     const std::int64_t count = std::min(block_, x.dim(0) - first);
@@ -279,7 +278,7 @@ void Conv2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor
   const bool f32_grads = param_grad(kWeight).dtype() == DType::f32;
   Tensor& dw = f32_grads ? param_grad(kWeight) : weight_grad_;
   Tensor& db = f32_grads ? param_grad(kBias) : bias_grad_;
-  const Tensor& weight = gemm_16() ? storage_weight("backward") : param_value(kWeight);
+  const Tensor& weight = takes_16_ ? storage_weight("backward") : param_value(kWeight);
   Tensor::view_into(weight_2d_, weight, 0, {out_channels_, geometry_.col_rows()});
   Tensor::view_into(weight_grad_2d_, dw, 0, {out_channels_, geometry_.col_rows()});
   for (std::int64_t first = 0; first < x.dim(0); first += block_) {
@@ -294,7 +293,7 @@ void Conv2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor
                                      rows_block_, fused_relu_ ? &output_run_ : nullptr);
     // The 16-bit GEMMs take dy's rows in the storage dtype: exact, since dy was 16-bit.
     const Tensor* dy_rows = &rows_block_;
-    if (gemm_16()) {
+    if (takes_16_) {
       Tensor::view_into(rows16_block_, rows16_, 0, {out_channels_, count * positions});
       kernels::cast(rows_block_, rows16_block_);
       dy_rows = &rows16_block_;

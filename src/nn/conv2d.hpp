@@ -56,6 +56,8 @@ class Conv2d final : public Layer {
  private:
   bool plan_cudnn(std::int64_t max_batch, DType precision);
   bool plan_dnnl(std::int64_t max_batch, DType precision);
+  // The model's workspace holds the 16-bit working weights (where the matmul takes 16 bits).
+  bool has_working_weights() const;
   // The weight in the storage dtype: the f32 compute copy, or its 16-bit working twin.
   const Tensor& storage_weight(const char* caller);
 
@@ -70,10 +72,7 @@ class Conv2d final : public Layer {
   // weights: the cuda device, or bf16 on a host with bf16 dot products), the GEMMs take 16-bit
   // operands: the windows in col16_, dy's channel rows in rows16_ (exact: dy is 16-bit), and
   // an f32 input (the model's first layer) rounded into x16_ on the way, as cuDNN does.
-  // takes_16_: planned for it; gemm_16(): and the workspace is there (a layer planned alone,
-  // outside a model, has none and widens).
   bool takes_16_ = false;
-  bool gemm_16() const;
   Tensor col16_, rows16_, x16_;
   Tensor col16_block_, rows16_block_, x16_run_;
   SampleStaging staging_;

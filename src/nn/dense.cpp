@@ -198,8 +198,7 @@ bool Dense::takes_16(const Tensor& x) const {
   // way, as autocast and the conv layers' 16-bit path do, so that the layer with the most
   // weights of an MLP does not fall back to f32 GEMMs.
   if (!workspace_ || !workspace_->working_params.defined()) return false;
-  const DType working = workspace_->working_params.dtype();
-  return x.dtype() == working || (x.dtype() == DType::f32 && workspace_->input16.defined());
+  return x.dtype() == workspace_->working_params.dtype() || x.dtype() == DType::f32;
 }
 
 const Tensor& Dense::input_rows_16(const Tensor& x, std::int64_t row, std::int64_t rows,
