@@ -18,6 +18,7 @@
 #include "data/data.hpp"
 #include "export/export.hpp"
 #include "kernels/matmul.hpp"
+#include "nn/nn.hpp"
 #include "train/checkpointing.hpp"
 
 // OpenBLAS keeps its own thread pool; declared weak so that a site BLAS without it still links.
@@ -62,8 +63,12 @@ RankThreads plan_threads(const RuntimeConfig& runtime, const comm::World& world,
 }
 
 // Sets the compute threads (OpenMP: oneDNN and the host kernels; OpenBLAS's own pool) and the
-// matmul library.
+// matmul library, and reads the conv paths' environment variables (MPTRAIN_HOST_CONV,
+// MPTRAIN_CUDA_CONV) here, in an agreed phase: read first at a conv's plan(), a bad value would
+// be an error line from every rank.
 void apply_runtime(const RuntimeConfig& runtime, int threads) {
+  nn::host_conv_path();
+  nn::cuda_conv_path();
   omp_set_num_threads(threads);
   if (openblas_set_num_threads) openblas_set_num_threads(threads);
   if (runtime.matmul == "blas") kernels::set_matmul_backend(kernels::MatmulBackend::blas);

@@ -27,24 +27,22 @@ constexpr std::size_t kInSlot = 0, kOutSlot = 1, kDoutSlot = 2, kDinSlot = 3;
 // noise (docs/perf.md); the block is at least one sample and at most the batch.
 constexpr std::int64_t kBlockColumnElements = std::int64_t{1} << 20;
 
-// The process-wide conv path: MPTRAIN_CUDA_CONV when set, else cudnn.
-std::atomic<CudaConvPath>& conv_path_setting() {
-  static std::atomic<CudaConvPath> path{[] {
-    const char* text = std::getenv("MPTRAIN_CUDA_CONV");
-    return text && *text ? cuda_conv_path_from_name(text, "MPTRAIN_CUDA_CONV")
-                         : CudaConvPath::cudnn;
+// A process-wide conv path: the environment VARIABLE (parsed by FROM_NAME) when set, else
+// FALLBACK. One per Path type: the cuda device's and the host's.
+template <class Path>
+std::atomic<Path>& path_setting(const char* variable, Path fallback,
+                                Path (*from_name)(const std::string&, const std::string&)) {
+  static std::atomic<Path> path{[&] {
+    const char* text = std::getenv(variable);
+    return text && *text ? from_name(text, variable) : fallback;
   }()};
   return path;
 }
-
-// The host's: MPTRAIN_HOST_CONV when set, else onednn.
+std::atomic<CudaConvPath>& conv_path_setting() {
+  return path_setting("MPTRAIN_CUDA_CONV", CudaConvPath::cudnn, cuda_conv_path_from_name);
+}
 std::atomic<HostConvPath>& host_conv_path_setting() {
-  static std::atomic<HostConvPath> path{[] {
-    const char* text = std::getenv("MPTRAIN_HOST_CONV");
-    return text && *text ? host_conv_path_from_name(text, "MPTRAIN_HOST_CONV")
-                         : HostConvPath::onednn;
-  }()};
-  return path;
+  return path_setting("MPTRAIN_HOST_CONV", HostConvPath::onednn, host_conv_path_from_name);
 }
 }  // namespace
 

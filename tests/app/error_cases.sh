@@ -75,6 +75,10 @@ expect_error "glob matching nothing" 2 "no data file matches '$TMP/part-*.h5' (o
 "$MPTRAIN" prepare synthetic --out "$TMP/badshape" --shape 1,8,8 --train-samples 64 --test-samples 8 >/dev/null
 expect_error "files that disagree" 2 "data file '$TMP/badshape/train.h5' (option --data.train) does not match" \
   train --data.train="$D/train.h5,$TMP/badshape/train.h5" --output.dir="$TMP/o"
+# The conv path is read from the environment at the first conv's plan(): a bad value is one
+# line naming the variable, on every rank.
+MPTRAIN_HOST_CONV=gemm expect_error "bad MPTRAIN_HOST_CONV" 2 "MPTRAIN_HOST_CONV='gemm' is not a host conv path" \
+  train --data.train="$TMP/badshape/train.h5" --model.name=cnn --train.batch-size=16 --output.dir="$TMP/o"
 expect_error "bad shuffle mode" 2 "--data.shuffle" train --data.train="$D/train.h5" --data.shuffle=random --output.dir="$TMP/o"
 expect_error "bad on-nonfinite" 2 "--data.on-nonfinite" train --data.train="$D/train.h5" --data.on-nonfinite=drop --output.dir="$TMP/o"
 printf 'label,a,b\n1,2,3\n0,x,5\n' >"$TMP/bad.csv"
