@@ -1023,6 +1023,11 @@ TrainSummary Trainer::run() {
   // each bucket is copied down as backward finishes it, reduced, and copied back, with no host
   // wait for the compute stream. Either way buckets overlap backward, on the device too.
   const bool on_cuda = model->device() != Device::cpu;
+  // Whether the 16-bit GEMMs take their operands as they are (the tensor cores; AMX or
+  // AVX512-BF16 on the host) or widen them to f32 first: a factor of several in speed.
+  const DType precision = precision_dtype(config.amp);
+  const bool gemm_16 =
+      precision != DType::f32 && (on_cuda || kernels::host_matmul_takes(precision));
   const bool staged = stages_gradients(model->device(), allreduce);
   const std::shared_ptr<comm::SharedBuffer> shared_grads =
       staged ? nullptr : share_gradients(*model, topology, allreduce);
@@ -1042,11 +1047,9 @@ TrainSummary Trainer::run() {
                 static_cast<long long>(model->num_params()), static_cast<long long>(batch),
                 static_cast<long long>(global_batch), static_cast<long long>(steps_per_epoch),
                 config.amp.precision.c_str(), kernels::matmul_backend() == kernels::MatmulBackend::dnnl ? "oneDNN" : "BLAS");
-    // Whether the 16-bit GEMMs take their operands as they are (the tensor cores; AMX or
-    // AVX512-BF16 on the host) or widen them to f32 first: a factor of several in speed.
-    if (const DType precision = precision_dtype(config.amp); precision != DType::f32)
+    if (precision != DType::f32)
       std::printf("%s GEMMs: %s\n", config.amp.precision.c_str(),
-                  on_cuda || kernels::host_matmul_takes(precision) ? "16-bit operands, f32 sums"
+                  gemm_16 ? "16-bit operands, f32 sums"
                   : precision == DType::f16
                       ? "widened to f32 (oneDNN 2.6 has no fp16 matmul on the CPU)"
                       : "widened to f32 (no AMX or AVX512-BF16 here, or --kernels.matmul=blas)");
@@ -1998,9 +2001,7 @@ TrainSummary Trainer::run() {
         .add("tensor_peak_mb", summary.tensor_peak_mb)
         .add("device_reserved_mb", summary.device_reserved_mb)
         .add("matmul", kernels::matmul_backend() == kernels::MatmulBackend::dnnl ? "onednn" : "blas")
-        .add("gemm_operands", on_cuda || kernels::host_matmul_takes(precision_dtype(config.amp))
-                                  ? config.amp.precision
-                                  : std::string("fp32"))
+        .add("gemm_operands", gemm_16 ? config.amp.precision : std::string("fp32"))
         .add("mptrain_version", MPTRAIN_VERSION).add("git_hash", git_hash());
     // Each rank's resident set (MiB) and open descriptors over the logged windows (issue #11).
     if (!resources.rss_first.empty())

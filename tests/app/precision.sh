@@ -101,4 +101,29 @@ MPTRAIN_REPORT_LAG=x timeout 60 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" train
   --data.train="$TMP/syn/train.h5" --output.dir="$TMP/badlag" >"$TMP/badlag.log" 2>&1 || rc=$?
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "MPTRAIN_REPORT_LAG is 'x'" "$TMP/badlag.log" &&
   pass "a bad MPTRAIN_REPORT_LAG is one error line" || { fail "bad MPTRAIN_REPORT_LAG (exit $rc)"; cat "$TMP/badlag.log" >&2; }
+
+# Whether the 16-bit GEMMs take their operands or widen them: the start line and summary.json's
+# gemm_operands say the same. fp16 on the host always widens (oneDNN 2.6 has no CPU fp16
+# matmul), bf16 through BLAS too; bf16 through oneDNN takes them where the CPU has AMX or
+# AVX512-BF16 (docs/perf.md), which this checks only for agreement.
+gemm_case() {  # gemm_case NAME WANT(bf16|fp32|any) LOG SUMMARY
+  local name=$1 want=$2 log=$3 summary=$4 got said
+  got=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['gemm_operands'])" "$summary")
+  said=$(grep -c "GEMMs: 16-bit operands, f32 sums" "$log" || true)
+  if { [ "$want" = any ] || [ "$got" = "$want" ]; } &&
+      { { [ "$got" = fp32 ] && [ "$said" -eq 0 ] && grep -q "GEMMs: widened to f32" "$log"; } ||
+        { [ "$got" != fp32 ] && [ "$said" -ge 1 ]; }; }; then
+    pass "$name: gemm_operands $got, as the start line says"
+  else
+    fail "$name: gemm_operands '$got' (want $want), start line: $(grep 'GEMMs:' "$log")"
+  fi
+}
+gemm_case "fp16 on the host" fp32 "$TMP/fp16.log" "$TMP/fp16/summary.json"
+for matmul in blas auto; do
+  timeout 60 "$MPIEXEC" -n 1 "$MPTRAIN" train --data.train="$TMP/syn/train.h5" --train.max-steps=3 \
+    --schedule.warmup-steps=0 --train.precision=bf16 --kernels.matmul=$matmul \
+    --output.dir="$TMP/gemm-$matmul" >"$TMP/gemm-$matmul.log" 2>&1 || fail "bf16 with --kernels.matmul=$matmul"
+done
+gemm_case "bf16 through BLAS" fp32 "$TMP/gemm-blas.log" "$TMP/gemm-blas/summary.json"
+gemm_case "bf16 through oneDNN" any "$TMP/gemm-auto.log" "$TMP/gemm-auto/summary.json"
 finish
