@@ -1,5 +1,7 @@
-// 2-D max and average pooling over NCHW f32 batches, forward and backward; global average
-// pooling is average pooling with the window set to the whole plane.
+// 2-D max and average pooling over NCHW batches, forward and backward; global average pooling
+// is average pooling with the window set to the whole plane. Max pooling runs on f32, f16 or
+// bf16 storage (it only selects, so the 16-bit results are the f32 results' bits); average
+// pooling on f32.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,13 @@ void max_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor& y);
 void max_pool2d_backward(const Tensor& x, const Pool2dGeometry& g, const Tensor& dy, Tensor& dx);
 void avg_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor& y);
 void avg_pool2d_backward(const Pool2dGeometry& g, const Tensor& dy, Tensor& dx);
+
+// The instruction set of 16-bit maxpool:2 (2x2 windows every 2), the hot case, which has its
+// own clones: AVX-512 (F, BW, VL) with masked row tails, AVX2, and a baseline. Chosen once from
+// the CPU; limit_pool_isa caps it, so that tests and benchmarks reach every clone.
+enum class PoolIsa : std::uint8_t { baseline, avx2, avx512 };
+PoolIsa pool_isa();
+void limit_pool_isa(PoolIsa limit);
 }  // namespace host
 // The CUDA twins (kernels/cuda/pool2d.cu), same contracts, every tensor on the cuda device.
 namespace cuda {
@@ -57,8 +66,9 @@ class CudnnPool2d {
 };
 }  // namespace cuda
 
-// Y = the maximum of each window, for X f32 holding whole planes (any batch x channels) and Y
-// holding as many output planes. A NaN in a window wins, so loss scaling sees it.
+// Y = the maximum of each window, for X holding whole planes (any batch x channels) and Y
+// holding as many output planes, both in one dtype: f32, f16 or bf16. A NaN in a window wins
+// (the last in row-major order), so loss scaling sees it; of equal maxima the first wins.
 inline void max_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor& y) {
   detail::require_disjoint("kernels::max_pool2d_forward", "y must not overlap x", x, y);
   MPT_DISPATCH_CUDA(x, max_pool2d_forward, x, g, y);
@@ -66,7 +76,9 @@ inline void max_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor&
 }
 
 // DX = DY routed to the first maximum of each window of X (recomputed, so no index buffer is
-// kept), summed where windows overlap. Overwrites DX.
+// kept; a NaN takes it from the numbers, the first NaN from later ones), summed where windows
+// overlap. Overwrites DX. X, DY and DX share one dtype; 16-bit storage needs disjoint windows
+// (stride == kernel), where every element gets one gradient or 0 and nothing is added.
 inline void max_pool2d_backward(const Tensor& x, const Pool2dGeometry& g, const Tensor& dy,
                                 Tensor& dx) {
   detail::require_disjoint("kernels::max_pool2d_backward", "dx must not overlap x", x, dx);

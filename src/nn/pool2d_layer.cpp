@@ -1,6 +1,9 @@
-// Pooling layers: the whole batch in one kernel call under f32 (a batch is a run of planes);
-// under 16-bit storage runs of samples through f32 staging (one sample on the host). On the
-// cuda device, cuDNN pools the whole batch in its storage dtype (CudaConvPath::cudnn).
+// Pooling layers: the whole batch in one kernel call under f32 (a batch is a run of planes), and
+// max pooling's under 16-bit storage too (it only selects, so it runs on the stored bits; its
+// backward where the windows are disjoint). The rest under 16-bit storage, and a batch not in
+// the storage dtype (the model's f32 input), goes in runs of samples through f32 staging (one
+// sample on the host). On the cuda device, cuDNN pools the whole batch in its storage dtype
+// (CudaConvPath::cudnn).
 #include "nn/pool2d_layer.hpp"
 
 #include <algorithm>
@@ -27,6 +30,7 @@ Pool2dLayer::Pool2dLayer(std::string name, PoolMode mode, const Shape& input_sha
       geometry_.kernel_w > geometry_.width)
     abort_job("nn::Pool2dLayer " + this->name() + ": window does not fit " +
               shape_to_string(input_shape));
+  disjoint_ = geometry_.stride == geometry_.kernel_h && geometry_.stride == geometry_.kernel_w;
 }
 
 std::string_view Pool2dLayer::kind() const {
@@ -82,6 +86,8 @@ void Pool2dLayer::forward(const Tensor& x, Tensor& y, bool) {
 #endif
   const std::int64_t in = channels_ * geometry_.height * geometry_.width;
   const std::int64_t out = channels_ * geometry_.out_height() * geometry_.out_width();
+  if (mode_ == PoolMode::max && x.dtype() == y.dtype())
+    return kernels::max_pool2d_forward(x, geometry_, y);
   const bool f32 = x.dtype() == DType::f32 && y.dtype() == DType::f32;
   // Under f32 the batch is one run of planes: a single call.
   const std::int64_t batch = x.dim(0), run = f32 ? std::max<std::int64_t>(1, batch) : run_;
@@ -108,6 +114,9 @@ void Pool2dLayer::backward(const Tensor& x, const Tensor& y, const Tensor& dy, T
 #endif
   const std::int64_t in = channels_ * geometry_.height * geometry_.width;
   const std::int64_t out = channels_ * geometry_.out_height() * geometry_.out_width();
+  if (mode_ == PoolMode::max && x.dtype() == dy.dtype() && dx->dtype() == x.dtype() &&
+      (x.dtype() == DType::f32 || disjoint_))
+    return kernels::max_pool2d_backward(x, geometry_, dy, *dx);
   const bool f32 = x.dtype() == DType::f32 && dy.dtype() == DType::f32;
   const std::int64_t batch = x.dim(0), run = f32 ? std::max<std::int64_t>(1, batch) : run_;
   for (std::int64_t first = 0; first < batch; first += run) {

@@ -38,6 +38,7 @@ class Pool2dLayer final : public Layer {
   PoolMode mode_;
   std::int64_t channels_;
   kernels::Pool2dGeometry geometry_;
+  bool disjoint_ = true;  // windows that tile without overlap: 16-bit max-pool backward
   std::int64_t run_ = 1;  // samples per staged run under 16-bit storage
   SampleStaging staging_;
   bool uses_cudnn_ = false;

@@ -256,7 +256,7 @@ void case_pool2d(Harness& h, Random& rng) {
     const Tensor x({1, 1, 4, 4}, DType::f32), dy({1, 1, 2, 2}, DType::f32);
     Tensor dxd({1, 1, 4, 4}, DType::f32, Device::cuda);
     h.expect_fatal("max_pool2d_backward on the host into a cuda dx",
-                   "kernels::max_pool2d_backward: dx must be f32 on the host",
+                   "kernels::max_pool2d_backward: dx must be on the host shaped like x, in its dtype",
                    [&] { kernels::max_pool2d_backward(x, g, dy, dxd); });
   }
   struct Geometry {
@@ -312,6 +312,22 @@ void case_pool2d(Harness& h, Random& rng) {
       kernels::max_pool2d_backward(x, g, dy, dx);
       kernels::max_pool2d_backward(xd, g, dyd, dxd);
       h.expect_same_bytes(std::string("max_pool2d_backward") + label, dxd, dx);
+      // Max pooling on 16-bit storage selects on the stored bits: the same bytes on both sides;
+      // its backward where the windows are disjoint (the only 16-bit backward there is).
+      for (const DType half : {DType::f16, DType::bf16}) {
+        Tensor x16(x.shape(), half), dy16(out_shape, half);
+        kernels::cast(x, x16);
+        kernels::cast(dy, dy16);
+        Tensor y16(out_shape, half), y16d(out_shape, half, Device::cuda);
+        kernels::max_pool2d_forward(x16, g, y16);
+        kernels::max_pool2d_forward(dev(x16), g, y16d);
+        h.expect_same_bytes(std::string("max_pool2d_forward") + tag(half) + label, y16d, y16);
+        if (g.stride != g.kernel_h || g.stride != g.kernel_w) continue;
+        Tensor dx16(x.shape(), half), dx16d = dev(rng.tensor(x.shape(), half));
+        kernels::max_pool2d_backward(x16, g, dy16, dx16);
+        kernels::max_pool2d_backward(dev(x16), g, dev(dy16), dx16d);
+        h.expect_same_bytes(std::string("max_pool2d_backward") + tag(half) + label, dx16d, dx16);
+      }
       // Average pooling: the same sums in the same order; a NaN's payload may differ after
       // arithmetic, so NaN matches NaN (kExact), every other value bit for bit.
       kernels::avg_pool2d_forward(x, g, y);

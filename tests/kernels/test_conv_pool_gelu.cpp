@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "kernels/cast.hpp"
@@ -148,9 +149,10 @@ TEST(DnnlConv2d, PlansF32AndNativeBf16AndDeclinesTheRest) {
   EXPECT_FALSE(conv.plan(g, 4, 3, DType::f16, false));
   EXPECT_FALSE(conv.planned());
   EXPECT_EQ(conv.scratch_bytes(), 0);
-  if (dnnl_available())
+  if (dnnl_available()) {
     EXPECT_NE(conv.describe().find("float16 has no oneDNN convolution"), std::string::npos)
         << conv.describe();
+  }
 }
 
 void forward_unplanned() {
@@ -273,6 +275,104 @@ TEST(Pool2d, MaxBackwardMatchesReferenceWithTiesAndNaN) {
       ASSERT_EQ(dx.data<float>()[e], expected[static_cast<std::size_t>(e)])
           << "element " << e << ", window " << g.kernel_h << " stride " << g.stride;
   }
+}
+
+std::uint16_t bits_at(const Tensor& t, std::int64_t e) {
+  return static_cast<const std::uint16_t*>(t.raw())[e];
+}
+
+// Max pooling on f16 and bf16 storage against a plain loop over windows on the widened values:
+// the forward's result is the bits of the last NaN of a window, else of its first maximum (-0
+// and +0 tie); the backward routes dy's bits to the first NaN, else the first maximum, and
+// writes +0 elsewhere, including what no window covers. Values on a few levels (ties), both
+// zeros, both infinities and NaNs of both signs with their own payloads. The 2x2 word path (odd
+// and wide planes), disjoint 3x3 and 2x3 windows, and the forward of overlapping windows.
+TEST(Pool2d, SixteenBitSelectsTheBitsF32Would) {
+  struct Case {
+    Pool2dGeometry g;
+    bool backward;
+  };
+  const Case cases[] = {{{7, 11, 2, 2, 2}, true},  {{28, 28, 2, 2, 2}, true},
+                        {{4, 600, 2, 2, 2}, true}, {{8, 11, 3, 3, 3}, true},
+                        {{9, 10, 3, 2, 3}, false}, {{9, 11, 3, 3, 2}, false}};
+  // Every clone of the 2x2 path this CPU runs (the others are checked on the CPUs that have
+  // them), the widest last, so it stays chosen.
+  const host::PoolIsa widest = host::pool_isa();
+  for (int isa = 0; isa <= static_cast<int>(widest); ++isa)
+  for (const DType dtype : {DType::f16, DType::bf16})
+    for (const auto& [g, backward] : cases) {
+      host::limit_pool_isa(static_cast<host::PoolIsa>(isa));
+      // kernel_w differs from kernel_h in the fifth case: the geometry's stride must equal both
+      // for a disjoint backward, so that one checks the forward only.
+      const std::int64_t planes = 3, plane = g.height * g.width;
+      const std::int64_t oh_n = g.out_height(), ow_n = g.out_width();
+      Tensor x32 = test::random_tensor({planes, g.height, g.width}, 21, -2.f, 2.f);
+      for (std::int64_t e = 0; e < x32.numel(); ++e)
+        x32.data<float>()[e] = std::round(x32.data<float>()[e]);  // -2..2, -0 among them
+      Tensor x({planes, g.height, g.width}, dtype);
+      cast(x32, x);
+      auto* xb = static_cast<std::uint16_t*>(x.raw());
+      const std::uint16_t inf = dtype == DType::f16 ? 0x7c00 : 0x7f80;
+      const std::uint16_t specials[] = {0x8000, 0x0000, inf, static_cast<std::uint16_t>(inf | 0x8000),
+                                        static_cast<std::uint16_t>(inf | 1),
+                                        static_cast<std::uint16_t>(inf | 0x8002),
+                                        static_cast<std::uint16_t>(inf | 3)};
+      for (std::int64_t i = 0, at = 1; i < 40; ++i, at = (at * 37 + 11) % x.numel())
+        xb[at] = specials[i % 7];
+      xb[0] = static_cast<std::uint16_t>(inf | 5);  // NaNs side by side, in one window
+      xb[1] = static_cast<std::uint16_t>(inf | 0x8006);
+      Tensor widened({planes, g.height, g.width}, DType::f32);
+      cast(x, widened);
+      const float* v = widened.data<float>();
+      Tensor y({planes, oh_n, ow_n}, dtype);
+      max_pool2d_forward(x, g, y);
+      Tensor dy32 = test::random_tensor({planes, oh_n, ow_n}, 22), dy({planes, oh_n, ow_n}, dtype);
+      cast(dy32, dy);
+      static_cast<std::uint16_t*>(dy.raw())[dy.numel() - 1] = 0x8000;  // a -0 keeps its sign
+      Tensor dx({planes, g.height, g.width}, dtype);
+      for (std::int64_t e = 0; e < dx.numel(); ++e) static_cast<std::uint16_t*>(dx.raw())[e] = 0x3c3c;
+      if (backward) max_pool2d_backward(x, g, dy, dx);
+      std::vector<std::uint16_t> expected_dx(static_cast<std::size_t>(x.numel()), 0);
+      const std::string where = std::string(dtype == DType::f16 ? "f16" : "bf16") + " clone " +
+                                std::to_string(isa) + " window " +
+                                std::to_string(g.kernel_h) + "x" + std::to_string(g.kernel_w) +
+                                " stride " + std::to_string(g.stride) + " on " +
+                                std::to_string(g.height) + "x" + std::to_string(g.width);
+      for (std::int64_t p = 0; p < planes; ++p)
+        for (std::int64_t oh = 0; oh < oh_n; ++oh)
+          for (std::int64_t ow = 0; ow < ow_n; ++ow) {
+            std::int64_t last_nan = -1, first_nan = -1, first_max = -1;
+            for (std::int64_t i = 0; i < g.kernel_h; ++i)
+              for (std::int64_t j = 0; j < g.kernel_w; ++j) {
+                const std::int64_t at = p * plane + (oh * g.stride + i) * g.width + ow * g.stride + j;
+                if (std::isnan(v[at])) {
+                  last_nan = at;
+                  if (first_nan < 0) first_nan = at;
+                } else if (first_max < 0 || v[at] > v[first_max]) {
+                  first_max = at;
+                }
+              }
+            const std::int64_t o = (p * oh_n + oh) * ow_n + ow;
+            ASSERT_EQ(bits_at(y, o), xb[last_nan >= 0 ? last_nan : first_max])
+                << where << ", output " << o;
+            expected_dx[static_cast<std::size_t>(first_nan >= 0 ? first_nan : first_max)] =
+                bits_at(dy, o);
+          }
+      if (!backward) continue;
+      for (std::int64_t e = 0; e < dx.numel(); ++e)
+        ASSERT_EQ(bits_at(dx, e), expected_dx[static_cast<std::size_t>(e)]) << where << ", element " << e;
+    }
+}
+
+TEST(Pool2dDeathTest, SixteenBitBackwardRefusesOverlappingWindows) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const Pool2dGeometry g{9, 11, 3, 3, 2};
+  const Tensor x({1, 9, 11}, DType::bf16), dy({1, 4, 5}, DType::bf16);
+  Tensor dx({1, 9, 11}, DType::bf16), dx32({1, 9, 11}, DType::f32);
+  EXPECT_EXIT(max_pool2d_backward(x, g, dy, dx), testing::ExitedWithCode(3),
+              "kernels::max_pool2d_backward: 16-bit max pooling's backward needs disjoint windows");
+  EXPECT_EXIT(max_pool2d_backward(x, g, dy, dx32), testing::ExitedWithCode(3),
+              "kernels::max_pool2d_backward: dx must be on the host shaped like x, in its dtype");
 }
 
 TEST(Gelu, ErfFormAgainstFloat64) {
