@@ -268,6 +268,83 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void max_backward_rows_2x2_
   }
 }
 
+// f32 maxpool:2 in AVX-512F: a window row is two floats, so sixteen outputs read two vectors
+// per input row, split into even and odd columns (and woven back for the backward's stores);
+// masked tails as above. The forward and backward rules are F32Order's, lane by lane.
+struct Lanes32 {
+  __mmask16 outputs, first, second;  // N outputs; the 2N floats of a row over two vectors
+};
+inline Lanes32 lanes_for(std::int64_t n) {
+  const auto mask = [](std::int64_t bits) {
+    return static_cast<__mmask16>(bits >= 16 ? 0xffffu : (1u << std::max<std::int64_t>(0, bits)) - 1u);
+  };
+  return {mask(n), mask(2 * n), mask(2 * n - 16)};
+}
+
+__attribute__((target("avx512f"))) void max_forward_rows_2x2_f32_avx512(
+    const float* top, const float* bottom, float* row, std::int64_t n) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  for (std::int64_t o = 0; o < n; o += 16) {
+    const Lanes32 m = lanes_for(n - o);
+    const __m512 t0 = _mm512_maskz_loadu_ps(m.first, top + 2 * o);
+    const __m512 t1 = _mm512_maskz_loadu_ps(m.second, top + 2 * o + 16);
+    const __m512 b0 = _mm512_maskz_loadu_ps(m.first, bottom + 2 * o);
+    const __m512 b1 = _mm512_maskz_loadu_ps(m.second, bottom + 2 * o + 16);
+    const __m512 taps[4] = {_mm512_permutex2var_ps(t0, even, t1), _mm512_permutex2var_ps(t0, odd, t1),
+                            _mm512_permutex2var_ps(b0, even, b1), _mm512_permutex2var_ps(b0, odd, b1)};
+    __m512 best = taps[0];
+    for (int i = 1; i < 4; ++i) {  // a larger value, or any NaN
+      const __mmask16 take = _mm512_cmp_ps_mask(taps[i], best, _CMP_GT_OQ) |
+                             _mm512_cmp_ps_mask(taps[i], taps[i], _CMP_UNORD_Q);
+      best = _mm512_mask_mov_ps(best, take, taps[i]);
+    }
+    _mm512_mask_storeu_ps(row + o, m.outputs, best);
+  }
+}
+
+__attribute__((target("avx512f"))) void max_backward_rows_2x2_f32_avx512(
+    const float* top, const float* bottom, const float* share, float* dtop, float* dbottom,
+    std::int64_t n) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  // Weaving A (even columns) and B (odd) back: the first 16 floats, then the next 16.
+  const __m512i weave_lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i weave_hi =
+      _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  for (std::int64_t o = 0; o < n; o += 16) {
+    const Lanes32 m = lanes_for(n - o);
+    const __m512 t0 = _mm512_maskz_loadu_ps(m.first, top + 2 * o);
+    const __m512 t1 = _mm512_maskz_loadu_ps(m.second, top + 2 * o + 16);
+    const __m512 b0 = _mm512_maskz_loadu_ps(m.first, bottom + 2 * o);
+    const __m512 b1 = _mm512_maskz_loadu_ps(m.second, bottom + 2 * o + 16);
+    const __m512 taps[4] = {_mm512_permutex2var_ps(t0, even, t1), _mm512_permutex2var_ps(t0, odd, t1),
+                            _mm512_permutex2var_ps(b0, even, b1), _mm512_permutex2var_ps(b0, odd, b1)};
+    // The running maximum and which tap won: a larger value, or a NaN when none came before.
+    __m512 best = taps[0];
+    __mmask16 won[4] = {0xffff, 0, 0, 0};
+    for (int i = 1; i < 4; ++i) {
+      const __mmask16 take = _mm512_cmp_ps_mask(taps[i], best, _CMP_GT_OQ) |
+                             (_mm512_cmp_ps_mask(taps[i], taps[i], _CMP_UNORD_Q) &
+                              _mm512_cmp_ps_mask(best, best, _CMP_ORD_Q));
+      best = _mm512_mask_mov_ps(best, take, taps[i]);
+      for (int j = 0; j < i; ++j) won[j] = static_cast<__mmask16>(won[j] & ~take);
+      won[i] = take;
+    }
+    // The gradient's bits where its tap won, +0 elsewhere.
+    const __m512 g = _mm512_maskz_loadu_ps(m.outputs, share + o);
+    const __m512 routed[4] = {_mm512_maskz_mov_ps(won[0], g), _mm512_maskz_mov_ps(won[1], g),
+                              _mm512_maskz_mov_ps(won[2], g), _mm512_maskz_mov_ps(won[3], g)};
+    _mm512_mask_storeu_ps(dtop + 2 * o, m.first, _mm512_permutex2var_ps(routed[0], weave_lo, routed[1]));
+    _mm512_mask_storeu_ps(dtop + 2 * o + 16, m.second,
+                          _mm512_permutex2var_ps(routed[0], weave_hi, routed[1]));
+    _mm512_mask_storeu_ps(dbottom + 2 * o, m.first,
+                          _mm512_permutex2var_ps(routed[2], weave_lo, routed[3]));
+    _mm512_mask_storeu_ps(dbottom + 2 * o + 16, m.second,
+                          _mm512_permutex2var_ps(routed[2], weave_hi, routed[3]));
+  }
+}
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -309,19 +386,32 @@ void max_backward_rows_2x2_base(const std::uint16_t* top, const std::uint16_t* b
   max_backward_rows_2x2<Order>(top, bottom, share, dtop, dbottom, n);
 }
 
+// The 16-bit rows function of the clone pool_isa() picks.
 template <class Order>
-void max_forward_planes_2x2(const std::uint16_t* in, std::uint16_t* out, const Pool2dGeometry& g,
-                            std::int64_t begin, std::int64_t end) {
+auto forward_rows_2x2() {
   const PoolIsa isa = pool_isa();
-  const auto rows = isa == PoolIsa::avx512 ? max_forward_rows_2x2_avx512<Order>
-                    : isa == PoolIsa::avx2 ? max_forward_rows_2x2_avx2<Order>
-                                           : max_forward_rows_2x2_base<Order>;
+  return isa == PoolIsa::avx512 ? max_forward_rows_2x2_avx512<Order>
+         : isa == PoolIsa::avx2 ? max_forward_rows_2x2_avx2<Order>
+                                : max_forward_rows_2x2_base<Order>;
+}
+template <class Order>
+auto backward_rows_2x2() {
+  const PoolIsa isa = pool_isa();
+  return isa == PoolIsa::avx512 ? max_backward_rows_2x2_avx512<Order>
+         : isa == PoolIsa::avx2 ? max_backward_rows_2x2_avx2<Order>
+                                : max_backward_rows_2x2_base<Order>;
+}
+
+// maxpool:2 over planes [BEGIN, END), a row of outputs at a time through ROWS.
+template <class Bits, class Rows>
+void max_forward_planes_2x2(const Bits* in, Bits* out, const Pool2dGeometry& g,
+                            std::int64_t begin, std::int64_t end, Rows rows) {
   const std::int64_t oh_n = g.out_height(), ow_n = g.out_width();
   for (std::int64_t p = begin; p < end; ++p) {
-    const std::uint16_t* src = in + p * g.height * g.width;
-    std::uint16_t* dst = out + p * oh_n * ow_n;
+    const Bits* src = in + p * g.height * g.width;
+    Bits* dst = out + p * oh_n * ow_n;
     for (std::int64_t oh = 0; oh < oh_n; ++oh) {
-      const std::uint16_t* top = src + 2 * oh * g.width;
+      const Bits* top = src + 2 * oh * g.width;
       rows(top, top + g.width, dst + oh * ow_n, ow_n);
     }
   }
@@ -418,25 +508,21 @@ void max_backward_planes(const typename Order::Bits* in, const typename Order::B
   }
 }
 
-template <class Order>
-void max_backward_planes_2x2(const std::uint16_t* in, const std::uint16_t* grad_out,
-                             std::uint16_t* grad_in, const Pool2dGeometry& g, std::int64_t begin,
-                             std::int64_t end) {
-  const PoolIsa isa = pool_isa();
-  const auto rows = isa == PoolIsa::avx512 ? max_backward_rows_2x2_avx512<Order>
-                    : isa == PoolIsa::avx2 ? max_backward_rows_2x2_avx2<Order>
-                                           : max_backward_rows_2x2_base<Order>;
+template <class Bits, class Rows>
+void max_backward_planes_2x2(const Bits* in, const Bits* grad_out, Bits* grad_in,
+                             const Pool2dGeometry& g, std::int64_t begin, std::int64_t end,
+                             Rows rows) {
   const std::int64_t oh_n = g.out_height(), ow_n = g.out_width(), plane = g.height * g.width;
   for (std::int64_t p = begin; p < end; ++p) {
-    const std::uint16_t* src = in + p * plane;
-    std::uint16_t* dst = grad_in + p * plane;
-    const std::uint16_t* grad = grad_out + p * oh_n * ow_n;
+    const Bits* src = in + p * plane;
+    Bits* dst = grad_in + p * plane;
+    const Bits* grad = grad_out + p * oh_n * ow_n;
     if (g.width % 2)  // the last column of an odd width, and an odd height's last row
-      for (std::int64_t h = 0; h < 2 * oh_n; ++h) dst[h * g.width + g.width - 1] = 0;
-    for (std::int64_t e = 2 * oh_n * g.width; e < plane; ++e) dst[e] = 0;
+      for (std::int64_t h = 0; h < 2 * oh_n; ++h) dst[h * g.width + g.width - 1] = Bits{};
+    for (std::int64_t e = 2 * oh_n * g.width; e < plane; ++e) dst[e] = Bits{};
     for (std::int64_t oh = 0; oh < oh_n; ++oh) {
-      const std::uint16_t* top = src + 2 * oh * g.width;
-      std::uint16_t* dtop = dst + 2 * oh * g.width;
+      const Bits* top = src + 2 * oh * g.width;
+      Bits* dtop = dst + 2 * oh * g.width;
       rows(top, top + g.width, grad + oh * ow_n, dtop, dtop + g.width, ow_n);
     }
   }
@@ -463,14 +549,19 @@ void max_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor& y) {
   const DType dtype = x.dtype();
   const bool two_by_two = g.kernel_h == 2 && g.kernel_w == 2 && g.stride == 2;
   parallel_rows(label, planes, g.height * g.width, [&](std::int64_t begin, std::int64_t end) {
-    if (dtype == DType::f32)
+    if (dtype == DType::f32) {
+      // f32's maxpool:2 has an AVX-512 clone only: the portable loop vectorises with AVX2.
+      if (two_by_two && pool_isa() == PoolIsa::avx512)
+        return max_forward_planes_2x2(x.data<float>(), y.data<float>(), g, begin, end,
+                                      max_forward_rows_2x2_f32_avx512);
       return max_forward_planes<F32Order>(x.data<float>(), y.data<float>(), g, begin, end);
+    }
     const auto* in = static_cast<const std::uint16_t*>(x.raw());
     auto* out = static_cast<std::uint16_t*>(y.raw());
     if (dtype == DType::bf16)
-      return two_by_two ? max_forward_planes_2x2<BF16Order>(in, out, g, begin, end)
+      return two_by_two ? max_forward_planes_2x2(in, out, g, begin, end, forward_rows_2x2<BF16Order>())
                         : max_forward_planes<BF16Order>(in, out, g, begin, end);
-    return two_by_two ? max_forward_planes_2x2<F16Order>(in, out, g, begin, end)
+    return two_by_two ? max_forward_planes_2x2(in, out, g, begin, end, forward_rows_2x2<F16Order>())
                       : max_forward_planes<F16Order>(in, out, g, begin, end);
   });
 }
@@ -492,16 +583,22 @@ void max_pool2d_backward(const Tensor& x, const Pool2dGeometry& g, const Tensor&
                   "16-bit max pooling's backward needs disjoint windows (stride == kernel)", x);
   const bool two_by_two = g.kernel_h == 2 && g.kernel_w == 2 && g.stride == 2;
   parallel_rows(label, planes, g.height * g.width, [&](std::int64_t begin, std::int64_t end) {
-    if (dtype == DType::f32)
+    if (dtype == DType::f32) {
+      if (two_by_two && pool_isa() == PoolIsa::avx512)
+        return max_backward_planes_2x2(x.data<float>(), dy.data<float>(), dx.data<float>(), g,
+                                       begin, end, max_backward_rows_2x2_f32_avx512);
       return max_backward_planes<F32Order>(x.data<float>(), dy.data<float>(), dx.data<float>(),
                                            g, begin, end);
+    }
     const auto* in = static_cast<const std::uint16_t*>(x.raw());
     const auto* grad_out = static_cast<const std::uint16_t*>(dy.raw());
     auto* grad_in = static_cast<std::uint16_t*>(dx.raw());
     if (dtype == DType::bf16)
-      return two_by_two ? max_backward_planes_2x2<BF16Order>(in, grad_out, grad_in, g, begin, end)
+      return two_by_two ? max_backward_planes_2x2(in, grad_out, grad_in, g, begin, end,
+                                                  backward_rows_2x2<BF16Order>())
                         : max_backward_planes<BF16Order>(in, grad_out, grad_in, g, begin, end);
-    return two_by_two ? max_backward_planes_2x2<F16Order>(in, grad_out, grad_in, g, begin, end)
+    return two_by_two ? max_backward_planes_2x2(in, grad_out, grad_in, g, begin, end,
+                                                backward_rows_2x2<F16Order>())
                       : max_backward_planes<F16Order>(in, grad_out, grad_in, g, begin, end);
   });
 }

@@ -2,6 +2,7 @@
 // per-channel bias), pooling on a plane with known answers and NaN, and GELU against float64.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -277,91 +278,109 @@ TEST(Pool2d, MaxBackwardMatchesReferenceWithTiesAndNaN) {
   }
 }
 
-std::uint16_t bits_at(const Tensor& t, std::int64_t e) {
+// An element's bits, f32 or 16-bit.
+std::uint32_t bits_at(const Tensor& t, std::int64_t e) {
+  if (t.dtype() == DType::f32) return std::bit_cast<std::uint32_t>(t.data<float>()[e]);
   return static_cast<const std::uint16_t*>(t.raw())[e];
 }
+void set_bits(Tensor& t, std::int64_t e, std::uint32_t bits) {
+  if (t.dtype() == DType::f32)
+    t.data<float>()[e] = std::bit_cast<float>(bits);
+  else
+    static_cast<std::uint16_t*>(t.raw())[e] = static_cast<std::uint16_t>(bits);
+}
 
-// Max pooling on f16 and bf16 storage against a plain loop over windows on the widened values:
-// the forward's result is the bits of the last NaN of a window, else of its first maximum (-0
-// and +0 tie); the backward routes dy's bits to the first NaN, else the first maximum, and
-// writes +0 elsewhere, including what no window covers. Values on a few levels (ties), both
-// zeros, both infinities and NaNs of both signs with their own payloads. The 2x2 word path (odd
-// and wide planes), disjoint 3x3 and 2x3 windows, and the forward of overlapping windows.
-TEST(Pool2d, SixteenBitSelectsTheBitsF32Would) {
+// Max pooling in every storage dtype against a plain loop over windows on the values: the
+// forward's result is the bits of the last NaN of a window, else of its first maximum (-0 and
+// +0 tie); the backward routes dy's bits to the first NaN, else the first maximum, and writes
+// +0 elsewhere, including what no window covers. Values on a few levels (ties), both zeros,
+// both infinities and NaNs of both signs with their own payloads. maxpool:2 through each of its
+// clones this CPU runs (odd, square and wide planes: the masked row tails), disjoint 3x3 and
+// 3x2 windows, and the forward of overlapping ones; f32's overlapping backward (it adds) is
+// MaxBackwardMatchesReferenceWithTiesAndNaN's.
+TEST(Pool2d, MaxPoolingSelectsTheSameBitsInEveryDtype) {
   struct Case {
     Pool2dGeometry g;
     bool backward;
   };
   const Case cases[] = {{{7, 11, 2, 2, 2}, true},  {{28, 28, 2, 2, 2}, true},
-                        {{4, 600, 2, 2, 2}, true}, {{8, 11, 3, 3, 3}, true},
-                        {{9, 10, 3, 2, 3}, false}, {{9, 11, 3, 3, 2}, false}};
-  // Every clone of the 2x2 path this CPU runs (the others are checked on the CPUs that have
-  // them), the widest last, so it stays chosen.
+                        {{14, 14, 2, 2, 2}, true}, {{4, 600, 2, 2, 2}, true},
+                        {{8, 11, 3, 3, 3}, true},  {{9, 10, 3, 2, 3}, false},
+                        {{9, 11, 3, 3, 2}, false}};
+  // Every clone this CPU runs (the others are checked on the CPUs that have them), the widest
+  // last, so that it stays chosen.
   const host::PoolIsa widest = host::pool_isa();
   for (int isa = 0; isa <= static_cast<int>(widest); ++isa)
-  for (const DType dtype : {DType::f16, DType::bf16})
-    for (const auto& [g, backward] : cases) {
-      host::limit_pool_isa(static_cast<host::PoolIsa>(isa));
-      // kernel_w differs from kernel_h in the fifth case: the geometry's stride must equal both
-      // for a disjoint backward, so that one checks the forward only.
-      const std::int64_t planes = 3, plane = g.height * g.width;
-      const std::int64_t oh_n = g.out_height(), ow_n = g.out_width();
-      Tensor x32 = test::random_tensor({planes, g.height, g.width}, 21, -2.f, 2.f);
-      for (std::int64_t e = 0; e < x32.numel(); ++e)
-        x32.data<float>()[e] = std::round(x32.data<float>()[e]);  // -2..2, -0 among them
-      Tensor x({planes, g.height, g.width}, dtype);
-      cast(x32, x);
-      auto* xb = static_cast<std::uint16_t*>(x.raw());
-      const std::uint16_t inf = dtype == DType::f16 ? 0x7c00 : 0x7f80;
-      const std::uint16_t specials[] = {0x8000, 0x0000, inf, static_cast<std::uint16_t>(inf | 0x8000),
-                                        static_cast<std::uint16_t>(inf | 1),
-                                        static_cast<std::uint16_t>(inf | 0x8002),
-                                        static_cast<std::uint16_t>(inf | 3)};
-      for (std::int64_t i = 0, at = 1; i < 40; ++i, at = (at * 37 + 11) % x.numel())
-        xb[at] = specials[i % 7];
-      xb[0] = static_cast<std::uint16_t>(inf | 5);  // NaNs side by side, in one window
-      xb[1] = static_cast<std::uint16_t>(inf | 0x8006);
-      Tensor widened({planes, g.height, g.width}, DType::f32);
-      cast(x, widened);
-      const float* v = widened.data<float>();
-      Tensor y({planes, oh_n, ow_n}, dtype);
-      max_pool2d_forward(x, g, y);
-      Tensor dy32 = test::random_tensor({planes, oh_n, ow_n}, 22), dy({planes, oh_n, ow_n}, dtype);
-      cast(dy32, dy);
-      static_cast<std::uint16_t*>(dy.raw())[dy.numel() - 1] = 0x8000;  // a -0 keeps its sign
-      Tensor dx({planes, g.height, g.width}, dtype);
-      for (std::int64_t e = 0; e < dx.numel(); ++e) static_cast<std::uint16_t*>(dx.raw())[e] = 0x3c3c;
-      if (backward) max_pool2d_backward(x, g, dy, dx);
-      std::vector<std::uint16_t> expected_dx(static_cast<std::size_t>(x.numel()), 0);
-      const std::string where = std::string(dtype == DType::f16 ? "f16" : "bf16") + " clone " +
-                                std::to_string(isa) + " window " +
-                                std::to_string(g.kernel_h) + "x" + std::to_string(g.kernel_w) +
-                                " stride " + std::to_string(g.stride) + " on " +
-                                std::to_string(g.height) + "x" + std::to_string(g.width);
-      for (std::int64_t p = 0; p < planes; ++p)
-        for (std::int64_t oh = 0; oh < oh_n; ++oh)
-          for (std::int64_t ow = 0; ow < ow_n; ++ow) {
-            std::int64_t last_nan = -1, first_nan = -1, first_max = -1;
-            for (std::int64_t i = 0; i < g.kernel_h; ++i)
-              for (std::int64_t j = 0; j < g.kernel_w; ++j) {
-                const std::int64_t at = p * plane + (oh * g.stride + i) * g.width + ow * g.stride + j;
-                if (std::isnan(v[at])) {
-                  last_nan = at;
-                  if (first_nan < 0) first_nan = at;
-                } else if (first_max < 0 || v[at] > v[first_max]) {
-                  first_max = at;
+    for (const DType dtype : {DType::f32, DType::f16, DType::bf16})
+      for (const auto& [g, backward] : cases) {
+        host::limit_pool_isa(static_cast<host::PoolIsa>(isa));
+        // (The 3x2 case's stride differs from its kernel width: forward only.)
+        const std::int64_t planes = 3, plane = g.height * g.width;
+        const std::int64_t oh_n = g.out_height(), ow_n = g.out_width();
+        Tensor x32 = test::random_tensor({planes, g.height, g.width}, 21, -2.f, 2.f);
+        for (std::int64_t e = 0; e < x32.numel(); ++e)
+          x32.data<float>()[e] = std::round(x32.data<float>()[e]);  // -2..2, -0 among them
+        // The specials are made in the 16-bit dtype (bf16 for f32, which widens them exactly,
+        // payloads included).
+        const DType half = dtype == DType::f16 ? DType::f16 : DType::bf16;
+        Tensor x16({planes, g.height, g.width}, half);
+        cast(x32, x16);
+        const std::uint16_t inf = half == DType::f16 ? 0x7c00 : 0x7f80;
+        const std::uint16_t specials[] = {0x8000,
+                                          0x0000,
+                                          inf,
+                                          static_cast<std::uint16_t>(inf | 0x8000),
+                                          static_cast<std::uint16_t>(inf | 1),
+                                          static_cast<std::uint16_t>(inf | 0x8002),
+                                          static_cast<std::uint16_t>(inf | 3)};
+        for (std::int64_t i = 0, at = 1; i < 40; ++i, at = (at * 37 + 11) % x16.numel())
+          set_bits(x16, at, specials[i % 7]);
+        set_bits(x16, 0, inf | 5u);  // NaNs side by side, in one window
+        set_bits(x16, 1, inf | 0x8006u);
+        Tensor widened({planes, g.height, g.width}, DType::f32);
+        cast(x16, widened);
+        const Tensor& x = dtype == DType::f32 ? widened : x16;
+        const float* v = widened.data<float>();
+        Tensor y({planes, oh_n, ow_n}, dtype);
+        max_pool2d_forward(x, g, y);
+        Tensor dy32 = test::random_tensor({planes, oh_n, ow_n}, 22), dy({planes, oh_n, ow_n}, dtype);
+        cast(dy32, dy);
+        set_bits(dy, dy.numel() - 1, dtype == DType::f32 ? 0x80000000u : 0x8000u);  // a -0 stays -0
+        Tensor dx({planes, g.height, g.width}, dtype);
+        for (std::int64_t e = 0; e < dx.numel(); ++e) set_bits(dx, e, 0x3c3c);  // overwritten
+        if (backward) max_pool2d_backward(x, g, dy, dx);
+        std::vector<std::uint32_t> expected_dx(static_cast<std::size_t>(x.numel()), 0);
+        const std::string where = std::string(dtype_name(dtype)) + " clone " +
+                                  std::to_string(isa) + " window " + std::to_string(g.kernel_h) +
+                                  "x" + std::to_string(g.kernel_w) + " stride " +
+                                  std::to_string(g.stride) + " on " + std::to_string(g.height) +
+                                  "x" + std::to_string(g.width);
+        for (std::int64_t p = 0; p < planes; ++p)
+          for (std::int64_t oh = 0; oh < oh_n; ++oh)
+            for (std::int64_t ow = 0; ow < ow_n; ++ow) {
+              std::int64_t last_nan = -1, first_nan = -1, first_max = -1;
+              for (std::int64_t i = 0; i < g.kernel_h; ++i)
+                for (std::int64_t j = 0; j < g.kernel_w; ++j) {
+                  const std::int64_t at =
+                      p * plane + (oh * g.stride + i) * g.width + ow * g.stride + j;
+                  if (std::isnan(v[at])) {
+                    last_nan = at;
+                    if (first_nan < 0) first_nan = at;
+                  } else if (first_max < 0 || v[at] > v[first_max]) {
+                    first_max = at;
+                  }
                 }
-              }
-            const std::int64_t o = (p * oh_n + oh) * ow_n + ow;
-            ASSERT_EQ(bits_at(y, o), xb[last_nan >= 0 ? last_nan : first_max])
-                << where << ", output " << o;
-            expected_dx[static_cast<std::size_t>(first_nan >= 0 ? first_nan : first_max)] =
-                bits_at(dy, o);
-          }
-      if (!backward) continue;
-      for (std::int64_t e = 0; e < dx.numel(); ++e)
-        ASSERT_EQ(bits_at(dx, e), expected_dx[static_cast<std::size_t>(e)]) << where << ", element " << e;
-    }
+              const std::int64_t o = (p * oh_n + oh) * ow_n + ow;
+              ASSERT_EQ(bits_at(y, o), bits_at(x, last_nan >= 0 ? last_nan : first_max))
+                  << where << ", output " << o;
+              expected_dx[static_cast<std::size_t>(first_nan >= 0 ? first_nan : first_max)] =
+                  bits_at(dy, o);
+            }
+        if (!backward) continue;
+        for (std::int64_t e = 0; e < dx.numel(); ++e)
+          ASSERT_EQ(bits_at(dx, e), expected_dx[static_cast<std::size_t>(e)])
+              << where << ", element " << e;
+      }
 }
 
 TEST(Pool2dDeathTest, SixteenBitBackwardRefusesOverlappingWindows) {
