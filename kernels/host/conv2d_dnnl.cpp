@@ -106,11 +106,26 @@ struct DnnlConv2d::State {
         dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src_any,
                                               weight_any, dst_any, strides, left, right),
         engine, forward);
-    const dnnl::convolution_backward_weights::primitive_desc backward_weights(
-        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_any,
-                                                 weight_grad_any, bias, dst_any, strides, left,
-                                                 right),
-        engine, forward);
+    const dnnl::convolution_backward_weights::desc backward_weights_desc(
+        dnnl::algorithm::convolution_direct, src_any, weight_grad_any, bias, dst_any, strides,
+        left, right);
+    dnnl::convolution_backward_weights::primitive_desc backward_weights(backward_weights_desc,
+                                                                        engine, forward);
+    // oneDNN 2.6's AMX backward-weights kernel runs a single input channel (a grayscale first
+    // layer) at 60 % of the AVX512-BF16 kernel's rate (docs/perf.md: 2.8 against 1.7 ms for
+    // the cnn's first layer, batch 128); from 3 channels on AMX is the faster. So a
+    // one-channel bf16 layer takes the AVX512-BF16 kernel where oneDNN offers it: a fixed rule,
+    // so that every run of a configuration computes with the same kernels, in the same order.
+    if (type == dt::bf16 && g.channels == 1 &&
+        std::string(backward_weights.impl_info_str()).find("amx") != std::string::npos) {
+      dnnl::convolution_backward_weights::primitive_desc candidate(backward_weights_desc,
+                                                                   engine, forward);
+      while (candidate.next_impl())
+        if (std::string(candidate.impl_info_str()).find("avx512_core_bf16") != std::string::npos) {
+          backward_weights = candidate;
+          break;
+        }
+    }
     return BatchPlan(forward, backward_data, backward_weights);
   }
 

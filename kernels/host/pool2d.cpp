@@ -281,18 +281,27 @@ inline Lanes32 lanes_for(std::int64_t n) {
   return {mask(n), mask(2 * n), mask(2 * n - 16)};
 }
 
-__attribute__((target("avx512f"))) void max_forward_rows_2x2_f32_avx512(
-    const float* top, const float* bottom, float* row, std::int64_t n) {
+// The four taps of up to sixteen windows, row-major, whose rows start at TOP and BOTTOM: each
+// row's floats under M, split into even and odd columns.
+__attribute__((target("avx512f"))) inline void window_taps(const float* top, const float* bottom,
+                                                           const Lanes32& m, __m512 taps[4]) {
   const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const __m512 rows[2][2] = {
+      {_mm512_maskz_loadu_ps(m.first, top), _mm512_maskz_loadu_ps(m.second, top + 16)},
+      {_mm512_maskz_loadu_ps(m.first, bottom), _mm512_maskz_loadu_ps(m.second, bottom + 16)}};
+  for (int r = 0; r < 2; ++r) {
+    taps[2 * r] = _mm512_permutex2var_ps(rows[r][0], even, rows[r][1]);
+    taps[2 * r + 1] = _mm512_permutex2var_ps(rows[r][0], odd, rows[r][1]);
+  }
+}
+
+__attribute__((target("avx512f"))) void max_forward_rows_2x2_f32_avx512(
+    const float* top, const float* bottom, float* row, std::int64_t n) {
   for (std::int64_t o = 0; o < n; o += 16) {
     const Lanes32 m = lanes_for(n - o);
-    const __m512 t0 = _mm512_maskz_loadu_ps(m.first, top + 2 * o);
-    const __m512 t1 = _mm512_maskz_loadu_ps(m.second, top + 2 * o + 16);
-    const __m512 b0 = _mm512_maskz_loadu_ps(m.first, bottom + 2 * o);
-    const __m512 b1 = _mm512_maskz_loadu_ps(m.second, bottom + 2 * o + 16);
-    const __m512 taps[4] = {_mm512_permutex2var_ps(t0, even, t1), _mm512_permutex2var_ps(t0, odd, t1),
-                            _mm512_permutex2var_ps(b0, even, b1), _mm512_permutex2var_ps(b0, odd, b1)};
+    __m512 taps[4];
+    window_taps(top + 2 * o, bottom + 2 * o, m, taps);
     __m512 best = taps[0];
     for (int i = 1; i < 4; ++i) {  // a larger value, or any NaN
       const __mmask16 take = _mm512_cmp_ps_mask(taps[i], best, _CMP_GT_OQ) |
@@ -306,20 +315,14 @@ __attribute__((target("avx512f"))) void max_forward_rows_2x2_f32_avx512(
 __attribute__((target("avx512f"))) void max_backward_rows_2x2_f32_avx512(
     const float* top, const float* bottom, const float* share, float* dtop, float* dbottom,
     std::int64_t n) {
-  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   // Weaving A (even columns) and B (odd) back: the first 16 floats, then the next 16.
   const __m512i weave_lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512i weave_hi =
       _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
   for (std::int64_t o = 0; o < n; o += 16) {
     const Lanes32 m = lanes_for(n - o);
-    const __m512 t0 = _mm512_maskz_loadu_ps(m.first, top + 2 * o);
-    const __m512 t1 = _mm512_maskz_loadu_ps(m.second, top + 2 * o + 16);
-    const __m512 b0 = _mm512_maskz_loadu_ps(m.first, bottom + 2 * o);
-    const __m512 b1 = _mm512_maskz_loadu_ps(m.second, bottom + 2 * o + 16);
-    const __m512 taps[4] = {_mm512_permutex2var_ps(t0, even, t1), _mm512_permutex2var_ps(t0, odd, t1),
-                            _mm512_permutex2var_ps(b0, even, b1), _mm512_permutex2var_ps(b0, odd, b1)};
+    __m512 taps[4];
+    window_taps(top + 2 * o, bottom + 2 * o, m, taps);
     // The running maximum and which tap won: a larger value, or a NaN when none came before.
     __m512 best = taps[0];
     __mmask16 won[4] = {0xffff, 0, 0, 0};

@@ -156,6 +156,26 @@ TEST(DnnlConv2d, PlansF32AndNativeBf16AndDeclinesTheRest) {
   }
 }
 
+// A one-channel bf16 layer's weight gradient avoids oneDNN's AMX kernel, which runs it at 60 %
+// of the AVX512-BF16 kernel's rate (docs/perf.md); three channels keep AMX where it is first.
+TEST(DnnlConv2d, OneChannelBf16TakesTheAvx512Bf16WeightGradient) {
+  if (!host_matmul_takes(DType::bf16))
+    GTEST_SKIP() << "no native bf16 oneDNN kernels on this CPU";
+  host::DnnlConv2d one, three;
+  ASSERT_TRUE(one.plan(Conv2dGeometry{1, 28, 28, 5, 1, 2}, 32, 128, DType::bf16, true))
+      << one.describe();
+  ASSERT_TRUE(three.plan(Conv2dGeometry{3, 28, 28, 5, 1, 2}, 32, 128, DType::bf16, true))
+      << three.describe();
+  const auto weights_kernel = [](const host::DnnlConv2d& conv) {
+    const std::string text = conv.describe();
+    return text.substr(text.find("bwd_weights="));
+  };
+  EXPECT_EQ(weights_kernel(one).find("amx"), std::string::npos) << one.describe();
+  if (weights_kernel(three).find("amx") != std::string::npos) {  // an AMX core
+    EXPECT_NE(weights_kernel(one).find("avx512_core_bf16"), std::string::npos) << one.describe();
+  }
+}
+
 void forward_unplanned() {
   host::DnnlConv2d conv;
   conv.plan(Conv2dGeometry{2, 6, 6, 3, 1, 1}, 4, 3, DType::f16, false);  // declined
