@@ -5,7 +5,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/pool2d.hpp"
 
-
 namespace mpt::kernels::cuda {
 namespace {
 
@@ -150,9 +149,9 @@ void max_backward(const char* op, const Tensor& x, const Dims& d, std::int64_t p
 
 // A max-pool operand: f32, f16 or bf16 on the cuda device, in DTYPE.
 void require_pool_operand(const char* op, const char* what, const Tensor& t, DType dtype) {
-  detail::require(t.defined() && t.device() == Device::cuda && t.dtype() == dtype &&
-                      is_float_dtype(dtype),
-                  op, what, t);
+  detail::require(
+      t.defined() && t.device() == Device::cuda && t.dtype() == dtype && is_float_dtype(dtype), op,
+      what, t);
 }
 
 }  // namespace

@@ -142,7 +142,9 @@ inline std::uint32_t load_word(const std::uint16_t* at) {
   std::memcpy(&word, at, sizeof word);
   return word;
 }
-inline void store_word(std::uint16_t* at, std::uint32_t word) { std::memcpy(at, &word, sizeof word); }
+inline void store_word(std::uint16_t* at, std::uint32_t word) {
+  std::memcpy(at, &word, sizeof word);
+}
 
 // The forward's result for a 2x2 window, TOP and BOTTOM its rows' words: the bits of the last
 // NaN, else of the first maximum.
@@ -166,8 +168,8 @@ template <class Order>
                                                         std::uint16_t* __restrict row,
                                                         std::int64_t n) {
   for (std::int64_t o = 0; o < n; ++o) {
-    row[o] = static_cast<std::uint16_t>(forward_pick<Order>(load_word(top + 2 * o),
-                                                            load_word(bottom + 2 * o)));
+    row[o] = static_cast<std::uint16_t>(
+        forward_pick<Order>(load_word(top + 2 * o), load_word(bottom + 2 * o)));
   }
 }
 
@@ -213,7 +215,8 @@ template <class Order>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512i keys_512(__m512i bits) {
   const __m512i magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fff));
   const __mmask16 negative = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x8000));
-  const __m512i value = _mm512_mask_sub_epi32(magnitude, negative, _mm512_setzero_si512(), magnitude);
+  const __m512i value =
+      _mm512_mask_sub_epi32(magnitude, negative, _mm512_setzero_si512(), magnitude);
   const __mmask16 nan = _mm512_cmpgt_epi32_mask(magnitude, _mm512_set1_epi32(Order::kInf));
   return _mm512_mask_mov_epi32(value, nan, _mm512_set1_epi32(Order::kNaN));
 }
@@ -231,8 +234,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void max_forward_rows_2x2_a
     __m512i best = keys_512<Order>(taps[0]), bits = taps[0];
     for (int i = 1; i < 4; ++i) {
       const __m512i k = keys_512<Order>(taps[i]);
-      const __mmask16 take =
-          _mm512_cmpgt_epi32_mask(k, best) | _mm512_cmpeq_epi32_mask(k, nan_key);
+      const __mmask16 take = _mm512_cmpgt_epi32_mask(k, best) | _mm512_cmpeq_epi32_mask(k, nan_key);
       best = _mm512_mask_mov_epi32(best, take, k);
       bits = _mm512_mask_mov_epi32(bits, take, taps[i]);
     }
@@ -276,7 +278,8 @@ struct Lanes32 {
 };
 inline Lanes32 lanes_for(std::int64_t n) {
   const auto mask = [](std::int64_t bits) {
-    return static_cast<__mmask16>(bits >= 16 ? 0xffffu : (1u << std::max<std::int64_t>(0, bits)) - 1u);
+    return static_cast<__mmask16>(bits >= 16 ? 0xffffu
+                                             : (1u << std::max<std::int64_t>(0, bits)) - 1u);
   };
   return {mask(n), mask(2 * n), mask(2 * n - 16)};
 }
@@ -296,8 +299,10 @@ __attribute__((target("avx512f"))) inline void window_taps(const float* top, con
   }
 }
 
-__attribute__((target("avx512f"))) void max_forward_rows_2x2_f32_avx512(
-    const float* top, const float* bottom, float* row, std::int64_t n) {
+__attribute__((target("avx512f"))) void max_forward_rows_2x2_f32_avx512(const float* top,
+                                                                        const float* bottom,
+                                                                        float* row,
+                                                                        std::int64_t n) {
   for (std::int64_t o = 0; o < n; o += 16) {
     const Lanes32 m = lanes_for(n - o);
     __m512 taps[4];
@@ -338,7 +343,8 @@ __attribute__((target("avx512f"))) void max_backward_rows_2x2_f32_avx512(
     const __m512 g = _mm512_maskz_loadu_ps(m.outputs, share + o);
     const __m512 routed[4] = {_mm512_maskz_mov_ps(won[0], g), _mm512_maskz_mov_ps(won[1], g),
                               _mm512_maskz_mov_ps(won[2], g), _mm512_maskz_mov_ps(won[3], g)};
-    _mm512_mask_storeu_ps(dtop + 2 * o, m.first, _mm512_permutex2var_ps(routed[0], weave_lo, routed[1]));
+    _mm512_mask_storeu_ps(dtop + 2 * o, m.first,
+                          _mm512_permutex2var_ps(routed[0], weave_lo, routed[1]));
     _mm512_mask_storeu_ps(dtop + 2 * o + 16, m.second,
                           _mm512_permutex2var_ps(routed[0], weave_hi, routed[1]));
     _mm512_mask_storeu_ps(dbottom + 2 * o, m.first,
@@ -407,8 +413,8 @@ auto backward_rows_2x2() {
 
 // maxpool:2 over planes [BEGIN, END), a row of outputs at a time through ROWS.
 template <class Bits, class Rows>
-void max_forward_planes_2x2(const Bits* in, Bits* out, const Pool2dGeometry& g,
-                            std::int64_t begin, std::int64_t end, Rows rows) {
+void max_forward_planes_2x2(const Bits* in, Bits* out, const Pool2dGeometry& g, std::int64_t begin,
+                            std::int64_t end, Rows rows) {
   const std::int64_t oh_n = g.out_height(), ow_n = g.out_width();
   for (std::int64_t p = begin; p < end; ++p) {
     const Bits* src = in + p * g.height * g.width;
@@ -422,8 +428,8 @@ void max_forward_planes_2x2(const Bits* in, Bits* out, const Pool2dGeometry& g,
 
 template <class Order>
 void max_backward_planes(const typename Order::Bits* in, const typename Order::Bits* grad_out,
-                         typename Order::Bits* grad_in, const Pool2dGeometry& g,
-                         std::int64_t begin, std::int64_t end) {
+                         typename Order::Bits* grad_in, const Pool2dGeometry& g, std::int64_t begin,
+                         std::int64_t end) {
   using Bits = typename Order::Bits;
   using Key = typename Order::Key;
   const std::int64_t oh_n = g.out_height(), ow_n = g.out_width(), plane = g.height * g.width;
@@ -562,8 +568,9 @@ void max_pool2d_forward(const Tensor& x, const Pool2dGeometry& g, Tensor& y) {
     const auto* in = static_cast<const std::uint16_t*>(x.raw());
     auto* out = static_cast<std::uint16_t*>(y.raw());
     if (dtype == DType::bf16)
-      return two_by_two ? max_forward_planes_2x2(in, out, g, begin, end, forward_rows_2x2<BF16Order>())
-                        : max_forward_planes<BF16Order>(in, out, g, begin, end);
+      return two_by_two
+                 ? max_forward_planes_2x2(in, out, g, begin, end, forward_rows_2x2<BF16Order>())
+                 : max_forward_planes<BF16Order>(in, out, g, begin, end);
     return two_by_two ? max_forward_planes_2x2(in, out, g, begin, end, forward_rows_2x2<F16Order>())
                       : max_forward_planes<F16Order>(in, out, g, begin, end);
   });
@@ -590,8 +597,8 @@ void max_pool2d_backward(const Tensor& x, const Pool2dGeometry& g, const Tensor&
       if (two_by_two && pool_isa() == PoolIsa::avx512)
         return max_backward_planes_2x2(x.data<float>(), dy.data<float>(), dx.data<float>(), g,
                                        begin, end, max_backward_rows_2x2_f32_avx512);
-      return max_backward_planes<F32Order>(x.data<float>(), dy.data<float>(), dx.data<float>(),
-                                           g, begin, end);
+      return max_backward_planes<F32Order>(x.data<float>(), dy.data<float>(), dx.data<float>(), g,
+                                           begin, end);
     }
     const auto* in = static_cast<const std::uint16_t*>(x.raw());
     const auto* grad_out = static_cast<const std::uint16_t*>(dy.raw());

@@ -54,8 +54,9 @@ TEST(Im2col, BlockOfSamplesIsTheirColumnsSideBySide) {
   // Three samples at once against one at a time, with padding wider than some taps reach
   // (C 2, 5x6, K 3, stride 1, pad 2), with "same" padding (the shifted-plane path) and with
   // stride 2: column block b is sample b's matrix, and col2im of the block is each sample's.
-  for (const Conv2dGeometry& g : {Conv2dGeometry{2, 5, 6, 3, 1, 2}, Conv2dGeometry{2, 5, 6, 3, 1, 1},
-                                  Conv2dGeometry{2, 5, 6, 3, 2, 1}}) {
+  for (const Conv2dGeometry& g :
+       {Conv2dGeometry{2, 5, 6, 3, 1, 2}, Conv2dGeometry{2, 5, 6, 3, 1, 1},
+        Conv2dGeometry{2, 5, 6, 3, 2, 1}}) {
     const std::int64_t samples = 3, sample = 2 * 5 * 6, rows = g.col_rows(), p = g.col_columns();
     const Tensor x = test::random_tensor({samples, 2, 5, 6}, 5);
     Tensor block({rows, samples * p}, DType::f32), one({rows, p}, DType::f32);
@@ -66,7 +67,8 @@ TEST(Im2col, BlockOfSamplesIsTheirColumnsSideBySide) {
       for (std::int64_t b = 0; b < samples; ++b)
         for (std::int64_t e = 0; e < p; ++e) {
           const std::int64_t c = row / 9, i = row / 3 % 3, j = row % 3;
-          const std::int64_t h = e / ow_n * g.stride - g.pad + i, w = e % ow_n * g.stride - g.pad + j;
+          const std::int64_t h = e / ow_n * g.stride - g.pad + i,
+                             w = e % ow_n * g.stride - g.pad + j;
           const float expected = h < 0 || h >= 5 || w < 0 || w >= 6
                                      ? 0.f
                                      : x.data<float>()[((b * 2 + c) * 5 + h) * 6 + w];
@@ -87,7 +89,8 @@ TEST(Im2col, BlockOfSamplesIsTheirColumnsSideBySide) {
       im2col(Tensor::view(x, b * sample, {2, 5, 6}), g, one);
       for (std::int64_t row = 0; row < rows; ++row)
         for (std::int64_t e = 0; e < p; ++e) {
-          ASSERT_EQ(block.data<float>()[row * samples * p + b * p + e], one.data<float>()[row * p + e])
+          ASSERT_EQ(block.data<float>()[row * samples * p + b * p + e],
+                    one.data<float>()[row * p + e])
               << "sample " << b << " row " << row << " position " << e;
           r_one.data<float>()[row * p + e] = r.data<float>()[row * samples * p + b * p + e];
         }
@@ -103,11 +106,12 @@ TEST(Im2col, SixteenBitIsTheSameCopyAsF32) {
   // A copy in any width: im2col of the 16-bit samples holds exactly the 16-bit rounding of the
   // f32 im2col of the same (widened) values, padding +0, NaN and Inf copied, over the masked
   // "same" path, a strided one and a 1x1 one.
-  for (const Conv2dGeometry& g : {Conv2dGeometry{2, 5, 6, 3, 1, 1}, Conv2dGeometry{3, 7, 9, 3, 2, 1},
-                                  Conv2dGeometry{2, 6, 6, 5, 1, 2}, Conv2dGeometry{1, 4, 5, 1, 2, 1}}) {
+  for (const Conv2dGeometry& g :
+       {Conv2dGeometry{2, 5, 6, 3, 1, 1}, Conv2dGeometry{3, 7, 9, 3, 2, 1},
+        Conv2dGeometry{2, 6, 6, 5, 1, 2}, Conv2dGeometry{1, 4, 5, 1, 2, 1}}) {
     for (const DType dtype : {DType::bf16, DType::f16}) {
-      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " K=" << g.kernel << " S="
-                                        << g.stride << " P=" << g.pad);
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " K=" << g.kernel
+                                        << " S=" << g.stride << " P=" << g.pad);
       const std::int64_t samples = 3, rows = g.col_rows(), columns = samples * g.col_columns();
       Tensor x = test::random_tensor({samples, g.channels, g.height, g.width}, 11);
       x.data<float>()[1] = std::numeric_limits<float>::quiet_NaN();
@@ -159,8 +163,7 @@ TEST(DnnlConv2d, PlansF32AndNativeBf16AndDeclinesTheRest) {
 // A one-channel bf16 layer's weight gradient avoids oneDNN's AMX kernel, which runs it at 60 %
 // of the AVX512-BF16 kernel's rate (docs/perf.md); three channels keep AMX where it is first.
 TEST(DnnlConv2d, OneChannelBf16TakesTheAvx512Bf16WeightGradient) {
-  if (!host_matmul_takes(DType::bf16))
-    GTEST_SKIP() << "no native bf16 oneDNN kernels on this CPU";
+  if (!host_matmul_takes(DType::bf16)) GTEST_SKIP() << "no native bf16 oneDNN kernels on this CPU";
   host::DnnlConv2d one, three;
   ASSERT_TRUE(one.plan(Conv2dGeometry{1, 28, 28, 5, 1, 2}, 32, 128, DType::bf16, true))
       << one.describe();
@@ -209,7 +212,8 @@ TEST(ChannelRows, SamplesToRowsAndBackWithBias) {
   for (std::int64_t b = 0; b < 2; ++b)
     for (std::int64_t c = 0; c < 3; ++c)
       for (std::int64_t e = 0; e < 4; ++e)
-        ASSERT_EQ(rows.data<float>()[c * 8 + b * 4 + e], samples.data<float>()[(b * 3 + c) * 4 + e]);
+        ASSERT_EQ(rows.data<float>()[c * 8 + b * 4 + e],
+                  samples.data<float>()[(b * 3 + c) * 4 + e]);
   for (int c = 0; c < 3; ++c) bias.data<float>()[c] = static_cast<float>(c + 1);
   channel_rows_to_samples(rows, bias, back);
   for (std::int64_t i = 0; i < 24; ++i)
@@ -363,16 +367,17 @@ TEST(Pool2d, MaxPoolingSelectsTheSameBitsInEveryDtype) {
         const float* v = widened.data<float>();
         Tensor y({planes, oh_n, ow_n}, dtype);
         max_pool2d_forward(x, g, y);
-        Tensor dy32 = test::random_tensor({planes, oh_n, ow_n}, 22), dy({planes, oh_n, ow_n}, dtype);
+        Tensor dy32 = test::random_tensor({planes, oh_n, ow_n}, 22),
+               dy({planes, oh_n, ow_n}, dtype);
         cast(dy32, dy);
         set_bits(dy, dy.numel() - 1, dtype == DType::f32 ? 0x80000000u : 0x8000u);  // a -0 stays -0
         Tensor dx({planes, g.height, g.width}, dtype);
         for (std::int64_t e = 0; e < dx.numel(); ++e) set_bits(dx, e, 0x3c3c);  // overwritten
         if (backward) max_pool2d_backward(x, g, dy, dx);
         std::vector<std::uint32_t> expected_dx(static_cast<std::size_t>(x.numel()), 0);
-        const std::string where = std::string(dtype_name(dtype)) + " clone " +
-                                  std::to_string(isa) + " window " + std::to_string(g.kernel_h) +
-                                  "x" + std::to_string(g.kernel_w) + " stride " +
+        const std::string where = std::string(dtype_name(dtype)) + " clone " + std::to_string(isa) +
+                                  " window " + std::to_string(g.kernel_h) + "x" +
+                                  std::to_string(g.kernel_w) + " stride " +
                                   std::to_string(g.stride) + " on " + std::to_string(g.height) +
                                   "x" + std::to_string(g.width);
         for (std::int64_t p = 0; p < planes; ++p)
