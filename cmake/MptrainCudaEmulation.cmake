@@ -1,0 +1,69 @@
+# The CUDA emulation build (MPTRAIN_CUDA_EMULATION, the cuda-emu preset; docs/testing.md "The
+# CUDA emulator"): the .cu files of kernels/cuda compile as host C++ (tests/cudaemu/
+# rewrite_launches.py turns each <<<...>>> launch into a call of the emulator) and link the
+# emulator's CUDA runtime and cuBLASLt (tests/cudaemu) instead of NVIDIA's, so the CUDA twins,
+# the cuda paths of nn, amp and optim, and the device tests run on a machine without a GPU.
+# No cuDNN and no NCCL: the layers take their own kernels, as with MPTRAIN_CUDA_CONV=im2col.
+# The toolkit's headers give the types and the host halves of the 16-bit conversions.
+find_program(MPTRAIN_NVCC nvcc HINTS ENV CUDA_HOME ENV CUDA_PATH PATH_SUFFIXES bin
+             PATHS /usr/local/cuda/bin)
+find_path(MPTRAIN_CUDA_INCLUDE_DIR cuda_runtime_api.h
+          HINTS ENV CUDA_HOME ENV CUDA_PATH
+          PATHS /usr/local/cuda /usr
+          PATH_SUFFIXES include)
+if(NOT MPTRAIN_CUDA_INCLUDE_DIR OR NOT EXISTS "${MPTRAIN_CUDA_INCLUDE_DIR}/cublasLt.h")
+  message(FATAL_ERROR "MPTRAIN_CUDA_EMULATION needs the CUDA toolkit's headers (cuda_runtime_api.h, "
+                      "cublasLt.h) (hint: install the toolkit, or set CUDA_HOME)")
+endif()
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
+
+add_library(mpt_cudaemu STATIC
+  ${PROJECT_SOURCE_DIR}/tests/cudaemu/runtime.cpp
+  ${PROJECT_SOURCE_DIR}/tests/cudaemu/cublaslt.cpp)
+target_include_directories(mpt_cudaemu PUBLIC ${PROJECT_SOURCE_DIR})
+target_include_directories(mpt_cudaemu SYSTEM PUBLIC ${MPTRAIN_CUDA_INCLUDE_DIR})
+# No fused multiply-adds: __fmul_rn and friends are plain operations here.
+target_compile_options(mpt_cudaemu PUBLIC -ffp-contract=off)
+target_link_libraries(mpt_cudaemu PUBLIC Threads::Threads)
+# Under the names the rest of the build links (src/core: CUDA::cudart; kernels: mpt_cuda_libs).
+add_library(CUDA::cudart ALIAS mpt_cudaemu)
+add_library(mpt_cuda_libs INTERFACE)
+target_link_libraries(mpt_cuda_libs INTERFACE mpt_cudaemu)
+
+set(MPTRAIN_CUDAEMU_DIR ${PROJECT_BINARY_DIR}/cudaemu)
+set(_mpt_rewrite ${PROJECT_SOURCE_DIR}/tests/cudaemu/rewrite_launches.py)
+
+# mpt_cudaemu_rewrite(OUT SOURCE): OUT is the host C++ that the emulator compiles for SOURCE (a
+# .cu or .cuh under the project), generated at build time under ${MPTRAIN_CUDAEMU_DIR} with the
+# same relative path (a .cu becomes .cpp), so that `#include "kernels/cuda/common.cuh"` finds
+# the rewritten header first (mpt_cudaemu_sources puts that directory before the sources').
+function(mpt_cudaemu_rewrite out source)
+  file(RELATIVE_PATH rel ${PROJECT_SOURCE_DIR} ${source})
+  string(REGEX REPLACE "\\.cu$" ".cpp" rel ${rel})
+  set(generated ${MPTRAIN_CUDAEMU_DIR}/${rel})
+  add_custom_command(OUTPUT ${generated}
+    COMMAND ${Python3_EXECUTABLE} ${_mpt_rewrite} ${source} ${generated}
+    DEPENDS ${source} ${_mpt_rewrite}
+    COMMENT "cudaemu: rewriting ${rel}"
+    VERBATIM)
+  set(${out} ${generated} PARENT_SCOPE)
+endfunction()
+
+# mpt_cudaemu_sources(TARGET DIR HEADERS h.cuh... SOURCES a.cu...): the emulator's twin of
+# target_sources for the .cu files of DIR; HEADERS are the .cuh files there that they include,
+# rewritten too.
+function(mpt_cudaemu_sources target dir)
+  cmake_parse_arguments(PARSE_ARGV 2 arg "" "" "HEADERS;SOURCES")
+  set(generated_headers "")
+  foreach(header ${arg_HEADERS})
+    mpt_cudaemu_rewrite(generated ${dir}/${header})
+    list(APPEND generated_headers ${generated})
+  endforeach()
+  foreach(source ${arg_SOURCES})
+    mpt_cudaemu_rewrite(generated ${dir}/${source})
+    target_sources(${target} PRIVATE ${generated})
+    set_source_files_properties(${generated} PROPERTIES OBJECT_DEPENDS "${generated_headers}")
+  endforeach()
+  target_include_directories(${target} BEFORE PRIVATE ${MPTRAIN_CUDAEMU_DIR})
+  target_link_libraries(${target} PRIVATE mpt_cudaemu)
+endfunction()

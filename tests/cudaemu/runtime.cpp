@@ -1,0 +1,778 @@
+// The host side of the CUDA emulator (docs/testing.md, "The CUDA emulator"): the CUDA runtime
+// calls that mptrain makes, on host memory, and the execution of kernels, one block at a time,
+// each of its threads a fiber that runs until it exits or waits at a barrier or warp shuffle.
+//
+// What it models: one device (MPTRAIN_CUDAEMU_DEVICES sets the count) with 4 SMs, device memory
+// as tracked host allocations, launch configuration limits, CUDA's sticky-free launch errors,
+// stream capture (ThreadLocal mode) into graphs that replay the recorded work with the
+// parameters of the capture, and the calls a capture refuses. What it does not: concurrency.
+// Every stream runs its work at the call, in call order, so a missing event or stream wait goes
+// unseen, and so do timing and the memory model. It checks what it can see: a copy or memset
+// whose device side is not device memory, a kernel pointer parameter that points to neither
+// device nor pinned memory, a barrier or shuffle that not every thread reaches, and it names
+// the kernel and block.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#define MPT_CUDAEMU_RUNTIME
+#include <cuda_profiler_api.h>
+
+#include "tests/cudaemu/device.hpp"
+#include "tests/cudaemu/emulator.hpp"
+
+struct CUstream_st {
+  unsigned flags = 0;
+};
+struct CUevent_st {
+  std::chrono::steady_clock::time_point recorded{};
+};
+struct CUgraph_st {
+  std::vector<std::function<void()>> nodes;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> nodes;
+};
+
+namespace mpt::cudaemu {
+namespace {
+
+constexpr int kMultiprocessors = 4;
+constexpr std::size_t kDeviceBytes = std::size_t{16} << 30;
+
+[[noreturn]] void fatal(const std::string& message) {
+  std::fprintf(stderr, "cudaemu: %s\n", message.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+thread_local cudaError_t last_error = cudaSuccess;
+thread_local int current_device = 0;
+
+cudaError_t fail(cudaError_t status) {
+  last_error = status;
+  return status;
+}
+
+int device_count() {
+  static const int count = [] {
+    const char* value = std::getenv("MPTRAIN_CUDAEMU_DEVICES");
+    if (value == nullptr) return 1;
+    const int parsed = std::atoi(value);
+    return parsed < 0 ? 0 : parsed > 8 ? 8 : parsed;
+  }();
+  return count;
+}
+
+// Allocations, by start address: device memory (cudaMalloc) and pinned host memory
+// (cudaHostAlloc), so that copies, memsets and kernel parameters can be checked.
+struct Allocations {
+  std::mutex mutex;
+  std::map<std::uintptr_t, std::size_t> device, pinned;
+  std::size_t device_bytes = 0;
+};
+Allocations& allocations() {
+  static Allocations* const instance = new Allocations;  // outlives every static destructor
+  return *instance;
+}
+bool inside(const std::map<std::uintptr_t, std::size_t>& map, const void* pointer,
+            std::size_t bytes) {
+  const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+  auto it = map.upper_bound(address);
+  if (it == map.begin()) return false;
+  --it;
+  return address >= it->first && address + bytes <= it->first + it->second;
+}
+bool is_device(const void* pointer, std::size_t bytes) {
+  Allocations& a = allocations();
+  const std::lock_guard<std::mutex> lock(a.mutex);
+  return inside(a.device, pointer, bytes);
+}
+bool is_pinned(const void* pointer) {
+  Allocations& a = allocations();
+  const std::lock_guard<std::mutex> lock(a.mutex);
+  return inside(a.pinned, pointer, 1);
+}
+
+// ---- streams and capture --------------------------------------------------------------------
+
+bool is_legacy(cudaStream_t stream) { return stream == nullptr || stream == cudaStreamLegacy; }
+bool is_blocking(cudaStream_t stream) {
+  return is_legacy(stream) ||
+         (stream != cudaStreamPerThread && !(stream->flags & cudaStreamNonBlocking));
+}
+
+// The one capture in progress, if any (mptrain captures on one thread at a time).
+struct Capture {
+  std::mutex mutex;
+  cudaStream_t stream = nullptr;
+  std::thread::id thread;
+  bool active = false;
+  cudaError_t invalidated = cudaSuccess;
+  std::vector<std::function<void()>> nodes;
+};
+Capture& capture() {
+  static Capture* const instance = new Capture;
+  return *instance;
+}
+
+// What happens to work queued on STREAM: recorded into the capture (true), or run now (false).
+// Work on the legacy stream while a blocking stream is captured invalidates the capture, as
+// CUDA's implicit synchronisation would; RESULT then says so.
+bool captured(cudaStream_t stream, const std::function<void()>& work, cudaError_t& result) {
+  Capture& c = capture();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  result = cudaSuccess;
+  if (!c.active) return false;
+  if (stream == c.stream && !is_legacy(stream)) {
+    if (std::this_thread::get_id() != c.thread) {
+      // Another thread's work on the captured stream joins the capture in CUDA too (the mode
+      // only limits the unsafe calls); mptrain never does it, so say so if it does.
+      fatal("work queued on the captured stream from another thread");
+    }
+    c.nodes.push_back(work);
+    return true;
+  }
+  if (is_legacy(stream) && is_blocking(c.stream)) {
+    c.invalidated = cudaErrorStreamCaptureImplicit;
+    result = cudaErrorStreamCaptureImplicit;
+    return true;  // not run: the call fails
+  }
+  return false;
+}
+
+// A synchronous call on the capturing thread (cudaMalloc, cudaStreamSynchronize of the captured
+// stream...): refused, and the capture is invalidated.
+cudaError_t refuse_if_capturing_thread() {
+  Capture& c = capture();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  if (c.active && std::this_thread::get_id() == c.thread) {
+    c.invalidated = cudaErrorStreamCaptureUnsupported;
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  return cudaSuccess;
+}
+
+// Runs or records WORK on STREAM.
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> work) {
+  cudaError_t result = cudaSuccess;
+  if (!captured(stream, work, result)) work();
+  return result == cudaSuccess ? cudaSuccess : fail(result);
+}
+
+// ---- kernels --------------------------------------------------------------------------------
+
+std::mutex launch_mutex;  // one launch at a time, whichever host thread launches
+
+enum class FiberState { ready, at_barrier, at_shuffle, done };
+struct Fiber {
+  void* sp = nullptr;  // the saved stack pointer while suspended (switch_to)
+  ThreadContext thread;
+  FiberState state = FiberState::ready;
+  // A barrier's predicate, or a shuffle's request and answer.
+  int predicate = 0;
+  unsigned mask = 0;
+  std::uint64_t value = 0;
+  ShuffleMode mode = ShuffleMode::down;
+  int lane_arg = 0, width = 32;
+  std::uint64_t answer = 0;
+};
+
+// Saves the callee-saved registers on the current stack and the stack pointer in *SAVE, then
+// resumes the stack at NEXT (saved the same way). glibc's swapcontext would do, but it makes a
+// sigprocmask system call per switch, and a launch switches twice per thread and barrier.
+extern "C" void mpt_cudaemu_switch(void** save, void* next);
+#if !defined(__x86_64__)
+#error "the CUDA emulator's fiber switch is written for x86-64 (tests/cudaemu/runtime.cpp)"
+#endif
+asm(R"(
+  .text
+  .globl mpt_cudaemu_switch
+  .type mpt_cudaemu_switch, @function
+mpt_cudaemu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size mpt_cudaemu_switch, .-mpt_cudaemu_switch
+)");
+inline void switch_to(void** save, void* next) { mpt_cudaemu_switch(save, next); }
+
+constexpr std::size_t kStackBytes = 64 * 1024;
+struct Scheduler {
+  void* sp = nullptr;  // the scheduler's saved stack pointer while a fiber runs
+  std::vector<Fiber> fibers;
+  std::vector<std::unique_ptr<char[]>> stacks;
+  Fiber* running = nullptr;
+  const ThreadBody* body = nullptr;
+  const char* kernel = "";
+};
+Scheduler scheduler;  // guarded by launch_mutex
+thread_local ThreadContext* running_context = nullptr;
+
+[[noreturn]] void fiber_main() {
+  (*scheduler.body)();
+  scheduler.running->state = FiberState::done;
+  switch_to(&scheduler.running->sp, scheduler.sp);  // never resumed
+  __builtin_unreachable();
+}
+
+// A new fiber's stack: switch_to's saved registers (zero), then fiber_main as the return
+// address, then a null return address for fiber_main itself, so that it starts with the stack
+// aligned as a called function expects (rsp % 16 == 8 at entry).
+void* initial_stack(char* base, std::size_t bytes) {
+  auto top = (reinterpret_cast<std::uintptr_t>(base) + bytes) & ~std::uintptr_t{15};
+  auto* frame = reinterpret_cast<std::uintptr_t*>(top) - 8;
+  for (int i = 0; i < 6; ++i) frame[i] = 0;  // r15, r14, r13, r12, rbx, rbp
+  frame[6] = reinterpret_cast<std::uintptr_t>(&fiber_main);
+  frame[7] = 0;
+  return frame;
+}
+
+// Suspends the running fiber until the scheduler resumes it.
+void suspend() {
+  Fiber* fiber = scheduler.running;
+  switch_to(&fiber->sp, scheduler.sp);
+  running_context = &fiber->thread;
+}
+
+std::string block_name(const uint3& block) {
+  return "kernel '" + std::string(scheduler.kernel) + "' block (" + std::to_string(block.x) + "," +
+         std::to_string(block.y) + "," + std::to_string(block.z) + ")";
+}
+
+// Releases the lanes of every warp whose shuffle every lane of its mask has reached.
+bool release_shuffles(int threads) {
+  bool released = false;
+  auto& fibers = scheduler.fibers;
+  for (int warp_begin = 0; warp_begin < threads; warp_begin += 32) {
+    const int warp_end = std::min(threads, warp_begin + 32);
+    unsigned waiting = 0, mask = 0;
+    bool mask_set = false;
+    for (int t = warp_begin; t < warp_end; ++t) {
+      if (fibers[t].state != FiberState::at_shuffle) continue;
+      waiting |= 1u << (t - warp_begin);
+      if (mask_set && fibers[t].mask != mask)
+        fatal(block_name(fibers[t].thread.block_idx) +
+              ": lanes of one warp shuffle with different masks");
+      mask = fibers[t].mask;
+      mask_set = true;
+    }
+    if (!waiting) continue;
+    const unsigned lanes = warp_end - warp_begin == 32 ? ~0u : (1u << (warp_end - warp_begin)) - 1;
+    mask &= lanes;
+    for (int t = warp_begin; t < warp_end; ++t) {
+      const unsigned bit = 1u << (t - warp_begin);
+      if ((mask & bit) && fibers[t].state == FiberState::done)
+        fatal(block_name(fibers[t].thread.block_idx) + ": lane " + std::to_string(t - warp_begin) +
+              " of warp " + std::to_string(warp_begin / 32) +
+              " left the kernel before a __shfl_*_sync whose mask names it");
+    }
+    if ((waiting & mask) != mask) continue;  // not every lane of the mask is there yet
+    for (int t = warp_begin; t < warp_end; ++t) {
+      Fiber& fiber = fibers[t];
+      if (!((waiting & mask) & (1u << (t - warp_begin)))) continue;
+      const int lane = t - warp_begin;
+      const int segment = (lane / fiber.width) * fiber.width;
+      int source = fiber.mode == ShuffleMode::down ? lane + fiber.lane_arg
+                                                   : segment + (fiber.lane_arg % fiber.width);
+      if (source >= segment + fiber.width || source >= warp_end - warp_begin) source = lane;
+      fiber.answer = fibers[warp_begin + source].value;
+      fiber.state = FiberState::ready;
+    }
+    released = true;
+  }
+  return released;
+}
+
+void run_block(const LaunchConfig& config, const uint3& block_idx, const ThreadBody& body) {
+  const int threads = static_cast<int>(config.block.x * config.block.y * config.block.z);
+  auto& fibers = scheduler.fibers;
+  fibers.assign(threads, Fiber{});
+  while (static_cast<int>(scheduler.stacks.size()) < threads)
+    scheduler.stacks.push_back(std::make_unique<char[]>(kStackBytes));
+  scheduler.body = &body;
+  for (int t = 0; t < threads; ++t) {
+    Fiber& fiber = fibers[t];
+    const unsigned x = t % config.block.x, y = (t / config.block.x) % config.block.y,
+                   z = t / (config.block.x * config.block.y);
+    fiber.thread = ThreadContext{uint3{x, y, z}, block_idx, config.block, config.grid};
+    fiber.sp = initial_stack(scheduler.stacks[t].get(), kStackBytes);
+  }
+  // Odd blocks run their ready threads last to first: a missing barrier then shows whichever
+  // way round the writes and reads of shared memory were meant to go.
+  const bool reverse = ((block_idx.x + block_idx.y + block_idx.z) & 1) != 0;
+  for (;;) {
+    for (int i = 0; i < threads; ++i) {
+      Fiber& fiber = fibers[reverse ? threads - 1 - i : i];
+      if (fiber.state != FiberState::ready) continue;
+      scheduler.running = &fiber;
+      running_context = &fiber.thread;
+      switch_to(&scheduler.sp, fiber.sp);
+    }
+    running_context = nullptr;
+    int done = 0, at_barrier = 0, at_shuffle = 0;
+    for (const Fiber& fiber : fibers) {
+      done += fiber.state == FiberState::done;
+      at_barrier += fiber.state == FiberState::at_barrier;
+      at_shuffle += fiber.state == FiberState::at_shuffle;
+    }
+    if (done == threads) return;
+    if (at_shuffle && release_shuffles(threads)) continue;
+    if (at_barrier == threads - done && at_shuffle == 0) {
+      if (done > 0)
+        fatal(block_name(block_idx) + ": " + std::to_string(done) + " of " +
+              std::to_string(threads) +
+              " threads left the kernel while the others wait at __syncthreads (a barrier in "
+              "divergent code)");
+      int any = 0;
+      for (const Fiber& fiber : fibers) any |= fiber.predicate != 0;
+      for (Fiber& fiber : fibers) {
+        fiber.predicate = any;
+        fiber.state = FiberState::ready;
+      }
+      continue;
+    }
+    fatal(block_name(block_idx) + ": deadlock: " + std::to_string(at_barrier) +
+          " threads at __syncthreads, " + std::to_string(at_shuffle) + " at a warp shuffle, " +
+          std::to_string(done) + " done");
+  }
+}
+
+cudaError_t check_config(const LaunchConfig& c) {
+  const std::uint64_t threads = std::uint64_t{c.block.x} * c.block.y * c.block.z;
+  if (threads == 0 || threads > 1024 || c.block.x > 1024 || c.block.y > 1024 || c.block.z > 64 ||
+      c.grid.x == 0 || c.grid.y == 0 || c.grid.z == 0 || c.grid.x > 2147483647u ||
+      c.grid.y > 65535 || c.grid.z > 65535 || c.shared_bytes > 48 * 1024)
+    return cudaErrorInvalidConfiguration;
+  return cudaSuccess;
+}
+
+void run_kernel(const char* name, const LaunchConfig& config, const ThreadBody& body) {
+  const std::lock_guard<std::mutex> lock(launch_mutex);
+  scheduler.kernel = name;
+  for (unsigned z = 0; z < config.grid.z; ++z)
+    for (unsigned y = 0; y < config.grid.y; ++y)
+      for (unsigned x = 0; x < config.grid.x; ++x) run_block(config, uint3{x, y, z}, body);
+}
+
+}  // namespace
+
+// ---- device.hpp and emulator.hpp ------------------------------------------------------------
+
+ThreadContext& context() {
+  if (running_context == nullptr)
+    fatal("a built-in index or barrier used outside a kernel (device code called from the host?)");
+  return *running_context;
+}
+
+int block_barrier(bool with_or, int predicate) {
+  Fiber* fiber = scheduler.running;
+  context();  // inside a kernel
+  fiber->state = FiberState::at_barrier;
+  fiber->predicate = with_or ? predicate : 0;
+  suspend();
+  return fiber->predicate;
+}
+
+std::uint64_t warp_shuffle(unsigned mask, std::uint64_t value, ShuffleMode mode, int lane_arg,
+                           int width) {
+  Fiber* fiber = scheduler.running;
+  context();
+  if (width <= 0 || width > 32 || (width & (width - 1)) != 0)
+    fatal(block_name(fiber->thread.block_idx) +
+          ": a shuffle width that is not a power of two up to 32");
+  fiber->state = FiberState::at_shuffle;
+  fiber->mask = mask;
+  fiber->value = value;
+  fiber->mode = mode;
+  fiber->lane_arg = lane_arg;
+  fiber->width = width;
+  suspend();
+  return fiber->answer;
+}
+
+void check_kernel_pointer(const char* name, int index, const void* pointer) {
+  if (pointer == nullptr || is_device(pointer, 1) || is_pinned(pointer)) return;
+  fatal("kernel '" + std::string(name) + "': parameter " + std::to_string(index) +
+        " points to host memory that is neither device memory nor pinned (cudaHostAlloc)");
+}
+
+void launch_erased(const char* name, const LaunchConfig& config, ThreadBody body,
+                   std::shared_ptr<void> keep_alive) {
+  if (const cudaError_t status = check_config(config); status != cudaSuccess) {
+    last_error = status;
+    return;
+  }
+  std::string kernel(name);
+  const cudaError_t status = enqueue(config.stream, [kernel, config, body, keep_alive] {
+    run_kernel(kernel.c_str(), config, body);
+  });
+  if (status != cudaSuccess) last_error = status;
+}
+
+void emulator_limit(const char* what) {
+  fatal(std::string("not modelled by the emulator: ") + what);
+}
+
+bool device_memory_contains(const void* pointer, std::size_t bytes) {
+  return is_device(pointer, bytes);
+}
+
+cudaError_t run_on_stream(cudaStream_t stream, std::function<void()> work) {
+  return enqueue(stream, std::move(work));
+}
+
+}  // namespace mpt::cudaemu
+
+// ---- the CUDA runtime API -------------------------------------------------------------------
+
+using namespace mpt::cudaemu;
+
+extern "C" {
+
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorStreamCaptureUnsupported:
+      return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+      return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureImplicit:
+      return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorIllegalState:
+      return "cudaErrorIllegalState";
+    default:
+      return "cudaErrorUnknown";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument (emulator)";
+    case cudaErrorMemoryAllocation:
+      return "out of memory (emulator)";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument (emulator)";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal (emulator)";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected (emulator)";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle (emulator)";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing (emulator)";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture (emulator)";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream "
+             "(emulator)";
+    default:
+      return "unknown error (emulator)";
+  }
+}
+
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t status = last_error;
+  last_error = cudaSuccess;
+  return status;
+}
+cudaError_t cudaPeekAtLastError(void) { return last_error; }
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = device_count();
+  return device_count() == 0 ? fail(cudaErrorNoDevice) : cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = current_device;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  current_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device) {
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "mptrain CUDA emulator");
+  prop->major = 9;
+  prop->minor = 0;
+  prop->totalGlobalMem = kDeviceBytes;
+  prop->multiProcessorCount = kMultiprocessors;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->pciBusID = device;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int device) {
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount:
+      *value = kMultiprocessors;
+      break;
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = 1024;
+      break;
+    case cudaDevAttrWarpSize:
+      *value = 32;
+      break;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;
+      break;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      break;
+    case cudaDevAttrPciBusId:
+      *value = device;
+      break;
+    default:
+      *value = 0;
+      break;
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) {
+  if (refuse_if_capturing_thread() != cudaSuccess) return fail(cudaErrorStreamCaptureUnsupported);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** pointer, size_t size) {
+  *pointer = nullptr;
+  if (refuse_if_capturing_thread() != cudaSuccess) return fail(cudaErrorStreamCaptureUnsupported);
+  Allocations& a = allocations();
+  const std::lock_guard<std::mutex> lock(a.mutex);
+  const std::size_t bytes = size == 0 ? 1 : size;
+  if (a.device_bytes + bytes > kDeviceBytes) return fail(cudaErrorMemoryAllocation);
+  void* memory = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (memory == nullptr) return fail(cudaErrorMemoryAllocation);
+  a.device[reinterpret_cast<std::uintptr_t>(memory)] = bytes;
+  a.device_bytes += bytes;
+  *pointer = memory;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* pointer) {
+  if (pointer == nullptr) return cudaSuccess;
+  Allocations& a = allocations();
+  const std::lock_guard<std::mutex> lock(a.mutex);
+  auto it = a.device.find(reinterpret_cast<std::uintptr_t>(pointer));
+  if (it == a.device.end()) return fail(cudaErrorInvalidValue);
+  a.device_bytes -= it->second;
+  a.device.erase(it);
+  std::free(pointer);
+  return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** pointer, size_t size, unsigned int) {
+  Allocations& a = allocations();
+  const std::lock_guard<std::mutex> lock(a.mutex);
+  const std::size_t bytes = size == 0 ? 1 : size;
+  void* memory = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (memory == nullptr) return fail(cudaErrorMemoryAllocation);
+  a.pinned[reinterpret_cast<std::uintptr_t>(memory)] = bytes;
+  *pointer = memory;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* pointer) {
+  if (pointer == nullptr) return cudaSuccess;
+  Allocations& a = allocations();
+  const std::lock_guard<std::mutex> lock(a.mutex);
+  if (a.pinned.erase(reinterpret_cast<std::uintptr_t>(pointer)) == 0)
+    return fail(cudaErrorInvalidValue);
+  std::free(pointer);
+  return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  Allocations& a = allocations();
+  const std::lock_guard<std::mutex> lock(a.mutex);
+  *total = kDeviceBytes;
+  *free_bytes = kDeviceBytes - a.device_bytes;
+  return cudaSuccess;
+}
+
+}  // extern "C"
+
+namespace {
+// The sides of a copy must be what KIND says: a device side inside one cudaMalloc allocation,
+// a host side outside every one.
+bool copy_sides_ok(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  if (count == 0 || kind == cudaMemcpyDefault) return true;
+  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  if (src_device ? !is_device(src, count) : is_device(src, 1)) return false;
+  if (dst_device ? !is_device(dst, count) : is_device(dst, 1)) return false;
+  return true;
+}
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  if (!copy_sides_ok(dst, src, count, kind)) return fail(cudaErrorInvalidValue);
+  if (count == 0) return cudaSuccess;
+  return enqueue(stream, [=] { std::memcpy(dst, src, count); });
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
+  if (refuse_if_capturing_thread() != cudaSuccess) return fail(cudaErrorStreamCaptureUnsupported);
+  return cudaMemcpyAsync(dst, src, count, kind, cudaStreamLegacy);
+}
+cudaError_t cudaMemsetAsync(void* pointer, int value, size_t count, cudaStream_t stream) {
+  if (count > 0 && !is_device(pointer, count)) return fail(cudaErrorInvalidValue);
+  if (count == 0) return cudaSuccess;
+  return enqueue(stream, [=] { std::memset(pointer, value, count); });
+}
+cudaError_t cudaMemset(void* pointer, int value, size_t count) {
+  if (refuse_if_capturing_thread() != cudaSuccess) return fail(cudaErrorStreamCaptureUnsupported);
+  return cudaMemsetAsync(pointer, value, count, cudaStreamLegacy);
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  *stream = new CUstream_st{flags};
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (is_legacy(stream) || stream == cudaStreamPerThread)
+    return fail(cudaErrorInvalidResourceHandle);
+  delete stream;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  Capture& c = capture();
+  {
+    const std::lock_guard<std::mutex> lock(c.mutex);
+    if (c.active && (stream == c.stream || (is_legacy(stream) && is_blocking(c.stream)))) {
+      c.invalidated = cudaErrorStreamCaptureUnsupported;
+      return fail(cudaErrorStreamCaptureUnsupported);
+    }
+  }
+  return cudaSuccess;  // the work ran at the call
+}
+cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned int) {
+  return event == nullptr ? fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* status) {
+  Capture& c = capture();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  *status = c.active && c.stream == stream
+                ? (c.invalidated != cudaSuccess ? cudaStreamCaptureStatusInvalidated
+                                                : cudaStreamCaptureStatusActive)
+                : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+  if (is_legacy(stream)) return fail(cudaErrorStreamCaptureUnsupported);
+  if (mode != cudaStreamCaptureModeThreadLocal)
+    mpt::cudaemu::emulator_limit("cudaStreamBeginCapture: only cudaStreamCaptureModeThreadLocal");
+  Capture& c = capture();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  if (c.active) return fail(cudaErrorIllegalState);
+  c.active = true;
+  c.stream = stream;
+  c.thread = std::this_thread::get_id();
+  c.invalidated = cudaSuccess;
+  c.nodes.clear();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  Capture& c = capture();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  *graph = nullptr;
+  if (!c.active || c.stream != stream || c.thread != std::this_thread::get_id())
+    return fail(cudaErrorIllegalState);
+  c.active = false;
+  if (c.invalidated != cudaSuccess) {
+    c.nodes.clear();
+    return fail(cudaErrorStreamCaptureInvalidated);
+  }
+  *graph = new CUgraph_st{std::move(c.nodes)};
+  c.nodes.clear();
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (graph == nullptr) return fail(cudaErrorInvalidValue);
+  *exec = new CUgraphExec_st{graph->nodes};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (exec == nullptr) return fail(cudaErrorInvalidValue);
+  return enqueue(stream, [exec] {
+    for (const auto& node : exec->nodes) node();
+  });
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  delete event;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  return enqueue(stream, [event] { event->recorded = std::chrono::steady_clock::now(); });
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  return event == nullptr ? fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  return event == nullptr ? fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (start == nullptr || end == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  *ms = std::chrono::duration<float, std::milli>(end->recorded - start->recorded).count();
+  return cudaSuccess;
+}
+
+cudaError_t cudaProfilerStart(void) { return cudaSuccess; }
+cudaError_t cudaProfilerStop(void) { return cudaSuccess; }
+
+}  // extern "C"
