@@ -359,6 +359,9 @@ void Model::plan(std::int64_t max_batch) {
     }
     for (auto& layer : layers_) layer->set_workspace(workspace_.get());
   }
+  rounded_input_ = Tensor();
+  if (precision_ != DType::f32 && !workspace_->working_params.defined())
+    rounded_input_ = Tensor({max_batch * shape_numel(sample_shape_)}, precision_, device_);
   for (auto& layer : layers_) layer->plan(max_batch, precision_);
   current_batch_ = -1;
   have_forward_ = false;
@@ -405,6 +408,11 @@ const Tensor& Model::forward(const Tensor& x, bool training) {
               shape_to_string(sample_shape_) + "] with b <= " + std::to_string(planned_batch_));
   use_batch(x.dim(0));
   const Tensor* input = &flat_input(x);
+  if (rounded_input_.defined()) {  // see nn.hpp: the layers here widen, so round first
+    Tensor::view_into(rounded_view_, rounded_input_, 0, {input->dim(0), input->dim(1)});
+    kernels::cast(*input, rounded_view_);
+    input = &rounded_view_;
+  }
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     layers_[i]->forward(*input, output_views_[i], training);
     input = &output_views_[i];
@@ -435,7 +443,7 @@ void Model::backward(const Tensor& dlogits, const GradsReady& grads_ready) {
   while (first_with_params < layers_.size() && layer_param_offsets_[first_with_params] < 0)
     ++first_with_params;
   for (std::size_t i = layers_.size(); i-- > first_with_params;) {
-    const Tensor& input = i == 0 ? flat_inputs_[last_input_] : output_views_[i - 1];
+    const Tensor& input = i == 0 ? last_input() : output_views_[i - 1];
     const Tensor& output_grad = i + 1 == layers_.size() ? dlogits : output_grad_views_[i];
     Tensor* input_grad = i == first_with_params ? nullptr : &output_grad_views_[i - 1];
     const bool has_params = layer_param_offsets_[i] >= 0;
@@ -473,6 +481,7 @@ std::int64_t Model::activation_bytes() const {
     for (const Tensor* t : {&workspace_->input_rows, &workspace_->output_rows,
                             &workspace_->weight_grad, &workspace_->bias_grad})
       bytes += static_cast<std::int64_t>(t->size_bytes());
+  if (rounded_input_.defined()) bytes += static_cast<std::int64_t>(rounded_input_.size_bytes());
   return bytes;
 }
 

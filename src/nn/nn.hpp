@@ -370,6 +370,17 @@ class Model {
   std::array<Tensor, 4> flat_inputs_;
   std::size_t next_flat_input_ = 0;
   std::size_t last_input_ = 0;
+  // A 16-bit model computes on its input rounded to the precision, as autocast does: the 16-bit
+  // paths round it inside the first layer (Dense::takes_16, Conv2d::input_16, cuDNN, oneDNN).
+  // Where the layers widen to f32 instead (the host without native 16-bit GEMMs: no working
+  // weights in the workspace), the model rounds it here first and hands the first layer a 16-bit
+  // input, which it widens block by block as it does any activation; so the same model
+  // computes the same function on every device and path. [planned batch * sample] in the
+  // precision (one more 16-bit activation), undefined elsewhere; the view is the last forward's.
+  Tensor rounded_input_, rounded_view_;
+  const Tensor& last_input() const {
+    return rounded_input_.defined() ? rounded_view_ : flat_inputs_[last_input_];
+  }
   bool have_forward_ = false;
 };
 

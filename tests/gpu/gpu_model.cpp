@@ -376,6 +376,12 @@ int main(int argc, char** argv) {
   struct Case {
     const char* label;
     std::string spec;
+    // The least tolerance in 16 bits. resnet-mini's conv weight gradients cancel heavily (each
+    // conv feeds a BN, whose backward removes dy's mean), so the 16-bit roundings of dy that a
+    // 1-ulp f32 difference flips, in whichever order the two sides sum, show as 1-3 % of dW at
+    // fp16 and bf16 alike (the flips' number falls as their size grows): measured on the CUDA
+    // emulator against the host, 2026-12-07, every other check of the step well inside.
+    double min_tol_16 = 0;
   };
   // Odd planes, stride 2, pad 0/1/2, 1x1 kernels, C_in = 1 (the first conv reads the f32
   // input), ReLUs fused into convs. Planned for 77 samples and run with 70.
@@ -415,7 +421,7 @@ int main(int argc, char** argv) {
     // The im2col path: the cnn again (its block boundaries) and the conv shapes.
     const std::vector<Case> steps =
         cudnn ? std::vector<Case>{{"cnn", "cnn"},
-                                  {"resnet-mini", "resnet-mini"},
+                                  {"resnet-mini", "resnet-mini", 5e-2},
                                   {"other layers", others},
                                   // The input cast to 16 bits first, as autocast does: the
                                   // first dense computes in 16 bits (no convolution here).
@@ -424,7 +430,8 @@ int main(int argc, char** argv) {
               : std::vector<Case>{{"cnn", "cnn"}};
     for (const Case& c : steps)
       for (const auto& [dtype, tol] : tols)
-        add_step(path, c.label, c.spec, {1, 28, 28}, dtype, tol, 0);
+        add_step(path, c.label, c.spec, {1, 28, 28}, dtype,
+                 dtype == DType::f32 ? tol : std::max(tol, c.min_tol_16), 0);
     for (const ShapeCase& c : shapes)
       for (const auto& [dtype, tol] : tols)
         add_step(path, c.label, c.spec, c.sample, dtype, tol, 77);

@@ -146,13 +146,14 @@ TEST_P(MixedPrecision, InitGivesTheF32MastersAndRecastRoundsExactly) {
 }
 
 TEST_P(MixedPrecision, SingleDenseComputesWithTheRoundedWeightsExactly) {
-  // One dense layer reads the f32 input and writes f32 logits, so the only 16-bit effect is
-  // the rounding of the weights: its logits equal the f32 model's on the rounded weights bit
-  // for bit, and its gradients are the f32 gradients rounded once (also exact, 0 ulp).
-  // Where the host matmul takes the 16-bit dtype (bf16 on AMX or AVX512-BF16), the forward
-  // rounds the f32 input too, as autocast does, and sums in oneDNN's bf16 order: then the logits
-  // are the twin's on the rounded input to f32 summation error (6 terms), and the gradients
-  // (f32 dlogits: the widened path) stay exact.
+  // One dense layer reads the f32 input, rounded to the precision as autocast does, and writes
+  // f32 logits, so the 16-bit effects are the roundings of the weights and of the input: where
+  // the layer widens to f32, the model rounds the input first and its logits equal the f32
+  // model's on the rounded weights and input bit for bit, and its gradients are the f32
+  // gradients rounded once (also exact, 0 ulp). Where the host matmul takes the 16-bit dtype
+  // (bf16 on AMX or AVX512-BF16), the layer rounds the input itself and sums in oneDNN's bf16
+  // order: then the logits are the twin's to f32 summation error (6 terms), and the gradients
+  // (f32 dlogits: the widened path, on the input as given) stay exact.
   const DType dtype = GetParam();
   const bool native = kernels::host_matmul_takes(dtype);
   Model model = Model::build("dense:4", {6}, 4, dtype);
@@ -162,9 +163,8 @@ TEST_P(MixedPrecision, SingleDenseComputesWithTheRoundedWeightsExactly) {
   twin.plan(3);
   const Tensor x = uniform({3, 6}, 2, -2.f, 2.f);
   Tensor x_rounded = uniform({3, 6}, 2, -2.f, 2.f);
-  if (native)
-    for (std::int64_t i = 0; i < x_rounded.numel(); ++i)
-      x_rounded.data<float>()[i] = widen(dtype, round_to(dtype, x_rounded.data<float>()[i]));
+  for (std::int64_t i = 0; i < x_rounded.numel(); ++i)
+    x_rounded.data<float>()[i] = widen(dtype, round_to(dtype, x_rounded.data<float>()[i]));
   const Tensor r = uniform({3, 4}, 4, -1.f, 1.f);  // loss = sum r .* logits, dlogits = r
   const auto logits = values_of(model.forward(x, true));
   const auto twin_logits = values_of(twin.forward(x_rounded, true));
@@ -318,6 +318,42 @@ TEST_P(MixedPrecision, MlpLogitsCloseToF32) {
               dtype_name(dtype), worst / (u * scale), scale);
   EXPECT_LE(worst, 4 * u * scale);
   EXPECT_GT(worst, 0.0);  // the activations really were rounded
+}
+
+// A 16-bit model computes on its f32 input rounded to the precision, on every path: the 16-bit
+// GEMM paths round it inside the first layer, and where the layers widen to f32 the model rounds
+// it first (nn::Model's rounded_input_), so the host and the cuda device compute one function.
+// So the input and its rounding give the same logits and gradients, bit for bit, for a dense
+// and a conv first layer. Until 2026-12-07 the widened path (fp16 anywhere, bf16 without native
+// GEMMs) computed on the unrounded input and failed this; the CUDA emulator found it.
+TEST_P(MixedPrecision, TheModelComputesOnItsInputRoundedToThePrecision) {
+  const DType dtype = GetParam();
+  for (const char* spec : {"dense:24,relu,dense:10", "conv:4:3:pad=1,relu,flatten,dense:10"}) {
+    Model model = Model::build(spec, {1, 6, 6}, 10, dtype);
+    model.init_params(4);
+    model.plan(5);
+    const Tensor x = uniform({5, 1, 6, 6}, 8, -1.f, 1.f);
+    Tensor rounded({5, 1, 6, 6}, DType::f32);
+    bool any_change = false;
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      rounded.data<float>()[i] = widen(dtype, round_to(dtype, x.data<float>()[i]));
+      any_change |= rounded.data<float>()[i] != x.data<float>()[i];
+    }
+    ASSERT_TRUE(any_change) << "the input must not be representable already";
+    Tensor labels({5}, DType::i32);
+    for (std::int64_t i = 0; i < 5; ++i) labels.data<std::int32_t>()[i] = static_cast<int>(i * 3 % 10);
+    std::vector<double> logits[2], grads[2];
+    for (int pass = 0; pass < 2; ++pass) {
+      const Tensor& out = model.forward(pass == 0 ? x : rounded, true);
+      logits[pass] = values_of(out);
+      Tensor dlogits(out.shape(), DType::f32);
+      kernels::softmax_xent_forward_backward(out, labels, dlogits, 0.2f);
+      model.backward(dlogits);
+      grads[pass] = values_of(model.grads());
+    }
+    EXPECT_EQ(logits[0], logits[1]) << spec << " " << dtype_name(dtype);
+    EXPECT_EQ(grads[0], grads[1]) << spec << " " << dtype_name(dtype);
+  }
 }
 
 TEST_P(MixedPrecision, BatchOfSeveralRowBlocksEqualsItsBlocksRunAlone) {
@@ -477,9 +513,11 @@ TEST_P(MixedPrecision, ActivationMemoryIsAboutHalf) {
   // and the two large dense layers' scratch for one 256-row block of dyᵀ (nn/dense.hpp).
   EXPECT_EQ(reference.activation_bytes(), 8192LL * (8 * 1024 * 4 + 10 * 4 + 2 * 256 * 4));
   // 16-bit: half of that for the hidden tensors, plus the f32 scratch for one block of 512
-  // rows (two [512, 1024] blocks, a 1024 x 1024 weight gradient and a bias gradient).
+  // rows (two [512, 1024] blocks, a 1024 x 1024 weight gradient and a bias gradient), plus,
+  // where the layers widen to f32 GEMMs, the input rounded to 16 bits (nn.hpp).
   const std::int64_t scratch = (2 * 512 * 1024 + 1024 * 1024 + 1024) * 4;
-  EXPECT_EQ(model.activation_bytes(), 8192LL * (8 * 1024 * 2 + 10 * 4) + scratch);
+  const std::int64_t rounded_input = kernels::host_matmul_takes(dtype) ? 0 : 8192LL * 784 * 2;
+  EXPECT_EQ(model.activation_bytes(), 8192LL * (8 * 1024 * 2 + 10 * 4) + scratch + rounded_input);
   EXPECT_LT(static_cast<double>(model.activation_bytes()) / reference.activation_bytes(), 0.55);
 }
 
@@ -548,7 +586,7 @@ TEST(MixedPrecisionFirstLayer, ReluFirstAcceptsTheF32Input) {
 // Where the host matmul takes bf16 (oneDNN on AMX or AVX512-BF16), the conv and dense layers feed
 // it the bf16 activations and working weights (a first layer rounds the f32 input), and convs
 // go through oneDNN's bf16 convolution unless the im2col path is chosen; with BLAS they widen
-// to f32 first (and the input stays f32, a difference of u in the first layer). bf16 products
+// to f32 first (the model rounds the f32 input to bf16 before them). bf16 products
 // are exact in f32 and both paths sum in f32, so they differ only in the order of the sums, and
 // in the bf16 roundings that such a difference tips (an ulp of one activation now and then). The
 // logits and every gradient agree to 4u of their largest magnitude; a transposed operand, a
