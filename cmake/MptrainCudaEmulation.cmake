@@ -62,7 +62,9 @@ function(mpt_cudaemu_sources target dir)
   foreach(source ${arg_SOURCES})
     mpt_cudaemu_rewrite(generated ${dir}/${source})
     target_sources(${target} PRIVATE ${generated})
-    set_source_files_properties(${generated} PROPERTIES OBJECT_DEPENDS "${generated_headers}")
+    # #pragma unroll is nvcc's; g++ would warn about each.
+    set_source_files_properties(${generated} PROPERTIES OBJECT_DEPENDS "${generated_headers}"
+                                COMPILE_OPTIONS -Wno-unknown-pragmas)
   endforeach()
   target_include_directories(${target} BEFORE PRIVATE ${MPTRAIN_CUDAEMU_DIR})
   target_link_libraries(${target} PRIVATE mpt_cudaemu)

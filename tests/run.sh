@@ -5,7 +5,8 @@ set -euo pipefail
 
 usage() {
   cat <<'EOF'
-Usage: tests/run.sh [--asan] [--preset NAME] [--e2e|--no-e2e] [--help] [-- CTEST_ARGS...]
+Usage: tests/run.sh [--asan] [--preset NAME] [--e2e|--no-e2e] [--cuda-emu|--no-cuda-emu] [--help]
+                    [-- CTEST_ARGS...]
 
 Installs missing Debian packages (launch/install-deps.sh --no-torch), configures and builds
 with a CMake preset, then runs CTest: serial tests (label 'unit') two at a time, MPI tests
@@ -16,6 +17,11 @@ with a CMake preset, then runs CTest: serial tests (label 'unit') two at a time,
                   runs the unit and MPI GoogleTest suites, not the end-to-end scripts
   --e2e, --no-e2e run (or skip) the end-to-end scripts (label 'e2e'); default: run them,
                   except with --asan
+  --cuda-emu, --no-cuda-emu
+                  then build the cuda-emu preset (the CUDA kernels as host C++ on the emulator
+                  in tests/cudaemu) and run its 'gpu' label: every CUDA kernel against its host
+                  twin and the models on the emulated device (docs/testing.md); default: with
+                  the release preset, where the CUDA toolkit's headers are found
   --preset NAME   use any preset from CMakePresets.json (release, debug, debug-asan, cpu-only)
   -- ARGS         pass the remaining arguments to both ctest calls, e.g. -- -R json
 
@@ -27,6 +33,7 @@ EOF
 
 preset=release
 e2e=""
+cuda_emu=""
 ctest_args=()
 while (($#)); do
   case "$1" in
@@ -39,6 +46,8 @@ while (($#)); do
     --preset=*) preset=${1#--preset=} ;;
     --e2e) e2e=1 ;;
     --no-e2e) e2e=0 ;;
+    --cuda-emu) cuda_emu=1 ;;
+    --no-cuda-emu) cuda_emu=0 ;;
     -h | --help) usage; exit 0 ;;
     --) shift; ctest_args=("$@"); break ;;
     *) echo "tests/run.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -104,4 +113,26 @@ mpi_filter=(-L mpi)
 echo "tests/run.sh: MPI tests (-j1)$( ((e2e)) || echo ', end-to-end scripts skipped')"
 ctest --preset "$preset" "${mpi_filter[@]}" -j1 ${ctest_args[@]+"${ctest_args[@]}"} || { rc=$?; ((status)) || status=$rc; }
 echo "tests/run.sh: tests done in $((SECONDS - phase_start)) s"
+
+# The CUDA code on the emulator (cmake/MptrainCudaEmulation.cmake): needs the toolkit's headers
+# only, no GPU and no nvcc run. Where they are missing, say so: that is a skip, not a pass.
+[[ -n "$cuda_emu" ]] || { [[ "$preset" == release ]] && cuda_emu=1 || cuda_emu=0; }
+if ((cuda_emu)); then
+  cuda_include=""
+  for dir in ${CUDA_HOME:+"$CUDA_HOME/include"} /usr/local/cuda/include /usr/include; do
+    [[ -f "$dir/cuda_runtime_api.h" && -f "$dir/cublasLt.h" ]] && { cuda_include=$dir; break; }
+  done
+  if [[ -z "$cuda_include" ]]; then
+    echo "tests/run.sh: CUDA emulator SKIPPED: no CUDA toolkit headers (cuda_runtime_api.h, cublasLt.h)"
+  else
+    current="cuda-emu build"
+    phase_start=$SECONDS
+    echo "tests/run.sh: the CUDA kernels on the emulator (preset cuda-emu, headers in $cuda_include)"
+    cmake --preset cuda-emu >/dev/null
+    cmake --build --preset cuda-emu -j"$cores"
+    phase "cuda-emu tests"
+    ctest --preset cuda-emu -L gpu ${ctest_args[@]+"${ctest_args[@]}"} || { rc=$?; ((status)) || status=$rc; }
+    echo "tests/run.sh: cuda-emu done in $((SECONDS - phase_start)) s"
+  fi
+fi
 exit "$status"
