@@ -39,8 +39,8 @@ set(_mpt_rewrite ${PROJECT_SOURCE_DIR}/tests/cudaemu/rewrite_launches.py)
 # the rewritten header first (mpt_cudaemu_sources puts that directory before the sources').
 function(mpt_cudaemu_rewrite out source)
   file(RELATIVE_PATH rel ${PROJECT_SOURCE_DIR} ${source})
-  string(REGEX REPLACE "\\.cu$" ".cpp" rel ${rel})
-  set(generated ${MPTRAIN_CUDAEMU_DIR}/${rel})
+  string(REGEX REPLACE "\\.cu$" ".cpp" generated_rel ${rel})
+  set(generated ${MPTRAIN_CUDAEMU_DIR}/${generated_rel})
   add_custom_command(OUTPUT ${generated}
     COMMAND ${Python3_EXECUTABLE} ${_mpt_rewrite} ${source} ${generated}
     DEPENDS ${source} ${_mpt_rewrite}
