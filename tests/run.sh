@@ -20,8 +20,9 @@ with a CMake preset, then runs CTest: serial tests (label 'unit') two at a time,
   --cuda-emu, --no-cuda-emu
                   then build the cuda-emu preset (the CUDA kernels as host C++ on the emulator
                   in tests/cudaemu) and run its 'gpu' label: every CUDA kernel against its host
-                  twin and the models on the emulated device (docs/testing.md); default: with
-                  the release preset, where the CUDA toolkit's headers are found
+                  twin, the models and mptrain train --device=cuda on the emulated device
+                  (docs/testing.md); default: with the release preset, where the CUDA
+                  toolkit's headers are found
   --preset NAME   use any preset from CMakePresets.json (release, debug, debug-asan, cpu-only)
   -- ARGS         pass the remaining arguments to both ctest calls, e.g. -- -R json
 

