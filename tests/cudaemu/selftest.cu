@@ -1,0 +1,158 @@
+// The CUDA emulator's own checks (docs/testing.md, "The CUDA emulator"): what it must compute
+// (barriers, shuffles, a grid-stride loop, stream capture and replay) and what it must refuse
+// (a barrier in divergent code, a shuffle with an exited lane, a host pointer handed to a
+// kernel, a bad launch configuration, a synchronous call inside a capture). Compiled through
+// rewrite_launches.py like kernels/cuda, in the cuda-emu build only. Ends with
+// "N passed, N failed".
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+int passed = 0, failed = 0;
+void expect(bool ok, const std::string& what) {
+  std::printf("%s %s\n", ok ? "  ok  " : "  FAIL", what.c_str());
+  ++(ok ? passed : failed);
+}
+
+// Runs BODY in a child and expects it to die with a line containing NEEDLE on stderr.
+template <class Body>
+void expect_death(const std::string& what, const char* needle, Body body) {
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) std::abort();
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(pipe_fds[1], 2);
+    close(pipe_fds[0]);
+    body();
+    std::_Exit(0);  // it did not die
+  }
+  close(pipe_fds[1]);
+  std::string text;
+  char buffer[512];
+  for (ssize_t n; (n = read(pipe_fds[0], buffer, sizeof buffer)) > 0;) text.append(buffer, n);
+  close(pipe_fds[0]);
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const bool died = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  expect(
+      died && text.find(needle) != std::string::npos,
+      what + (died ? "" : " (it did not die)") + (text.empty() ? "" : ": " + text.substr(0, 160)));
+}
+
+// A block's sum through shared memory and a barrier, then warp shuffles: both must see every
+// thread's value, whichever order the emulator runs them in.
+__global__ void block_sums(const int* values, int n, int* sums) {
+  __shared__ int slots[256];
+  int mine = 0;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    mine += values[i];
+  slots[threadIdx.x] = mine;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    int sum = 0;
+    for (int t = threadIdx.x; t < 256; t += 32) sum += slots[t];
+    for (int offset = 16; offset > 0; offset /= 2)
+      sum += __shfl_down_sync(0xffffffffu, sum, offset);
+    sum = __shfl_sync(0xffffffffu, sum, 0);
+    if (threadIdx.x == 5) sums[blockIdx.x] = sum;  // lane 5 got lane 0's total
+  }
+}
+
+__global__ void divergent_barrier(int* out) {
+  if (threadIdx.x % 2 == 0) return;
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+
+__global__ void shuffle_after_exit(int* out) {
+  if (threadIdx.x == 3) return;
+  out[threadIdx.x] = __shfl_down_sync(0xffffffffu, static_cast<int>(threadIdx.x), 1);
+}
+
+__global__ void add_one(int* values, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    values[i] += 1;
+}
+
+}  // namespace
+
+int main() {
+  constexpr int n = 10000, blocks = 7;
+  std::vector<int> host(n);
+  long long want = 0;
+  for (int i = 0; i < n; ++i) want += host[i] = (i * 37) % 101 - 50;
+  int *values = nullptr, *sums = nullptr;
+  cudaMalloc(reinterpret_cast<void**>(&values), n * sizeof(int));
+  cudaMalloc(reinterpret_cast<void**>(&sums), blocks * sizeof(int));
+  cudaMemcpy(values, host.data(), n * sizeof(int), cudaMemcpyHostToDevice);
+  block_sums<<<blocks, 256>>>(values, n, sums);
+  expect(cudaGetLastError() == cudaSuccess, "a launch of 7 blocks of 256");
+  std::vector<int> got(blocks);
+  cudaMemcpy(got.data(), sums, blocks * sizeof(int), cudaMemcpyDeviceToHost);
+  long long total = 0;
+  for (int s : got) total += s;
+  expect(total == want, "barrier and shuffles: the blocks' sums add up to " + std::to_string(want) +
+                            " (got " + std::to_string(total) + ")");
+
+  block_sums<<<1, 2048>>>(values, n, sums);
+  expect(cudaGetLastError() == cudaErrorInvalidConfiguration,
+         "2048 threads per block: cudaErrorInvalidConfiguration");
+  expect(cudaGetLastError() == cudaSuccess, "the launch error is read once");
+  expect(cudaMemcpy(host.data(), values, 4, cudaMemcpyHostToDevice) == cudaErrorInvalidValue,
+         "a host-to-device copy into host memory: cudaErrorInvalidValue");
+  cudaGetLastError();
+
+  expect_death("a barrier in divergent code",
+               "left the kernel while the others wait at __syncthreads",
+               [&] { divergent_barrier<<<1, 64>>>(values); });
+  expect_death("a shuffle whose mask names an exited lane", "left the kernel before a __shfl",
+               [&] { shuffle_after_exit<<<1, 32>>>(values); });
+  expect_death("a kernel handed a host pointer", "points to host memory",
+               [&] { add_one<<<1, 32>>>(host.data(), 4); });
+
+  // Capture: recorded, not run; replayed with the parameters of the capture; a synchronous
+  // copy on the capturing thread invalidates it.
+  cudaStream_t stream = nullptr;
+  cudaStreamCreate(&stream);
+  cudaMemset(values, 0, n * sizeof(int));
+  cudaGraph_t graph = nullptr;
+  cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  int count = 100;
+  add_one<<<2, 64, 0, stream>>>(values, count);
+  count = 5;  // the graph keeps 100
+  expect(cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph != nullptr, "a capture ends");
+  cudaGraphExec_t exec = nullptr;
+  cudaGraphInstantiate(&exec, graph, 0);
+  int first[2] = {-1, -1};
+  cudaMemcpy(first, values, sizeof first, cudaMemcpyDeviceToHost);
+  expect(first[0] == 0, "the capture ran nothing");
+  for (int r = 0; r < 3; ++r) cudaGraphLaunch(exec, stream);
+  int at[2] = {-1, -1};
+  cudaMemcpy(&at[0], values + 99, sizeof(int), cudaMemcpyDeviceToHost);
+  cudaMemcpy(&at[1], values + 100, sizeof(int), cudaMemcpyDeviceToHost);
+  expect(at[0] == 3 && at[1] == 0, "3 replays with the captured count: element 99 is 3, 100 is 0");
+  cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  add_one<<<1, 32, 0, stream>>>(values, count);
+  expect(cudaMemcpy(first, values, sizeof first, cudaMemcpyDeviceToHost) ==
+             cudaErrorStreamCaptureUnsupported,
+         "a synchronous copy while capturing is refused");
+  cudaGraph_t broken = nullptr;
+  expect(cudaStreamEndCapture(stream, &broken) == cudaErrorStreamCaptureInvalidated &&
+             broken == nullptr,
+         "and the capture is invalidated");
+  cudaGetLastError();
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  std::printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}
