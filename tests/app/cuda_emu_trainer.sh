@@ -88,16 +88,22 @@ train cnn-cpu 1 "${cnn[@]}" --device=cpu && train cnn-cuda 1 "${cnn[@]}" --devic
   same_losses cnn-cpu cnn-cuda 1e-2
 }
 
-# Two ranks, bf16: each rank's device gradients go through pinned host buffers to the MPI
-# all-reduce, bucket by bucket (small buckets: several), overlapping backward.
+# Two ranks, bf16, each on its own device (the emulator shows two; rank 1 binds to device 1, so
+# a thread of it that used device 0's default would launch on the wrong device and be refused):
+# each rank's device gradients go through pinned host buffers to the MPI all-reduce, bucket by
+# bucket (small buckets: several), overlapping backward.
+export MPTRAIN_CUDAEMU_DEVICES=2
 np2=(--model.name=mlp --train.max-steps=6 --train.batch-size=32 --train.precision=bf16 --comm.bucket-mb=1
      --comm.overlap=on)
 train np2-cpu 2 "${np2[@]}" --device=cpu && train np2-cuda 2 "${np2[@]}" --device=cuda && {
   on_cuda np2-cuda
+  grep -q "^device: rank 0 -> .*:cuda:0, rank 1 -> .*:cuda:1" "$TMP/np2-cuda.log" &&
+    pass "np2-cuda: rank 1 on cuda:1" || fail "np2-cuda: rank 1 not on cuda:1"
   [ "$(summary np2-cuda gradient_path)" = staged ] && pass "np2-cuda: gradients staged" ||
     fail "np2-cuda: gradient_path $(summary np2-cuda gradient_path), expected staged"
   same_losses np2-cpu np2-cuda 2e-2
 }
+unset MPTRAIN_CUDAEMU_DEVICES
 
 # resnet-mini on two ranks: BatchNorm with its statistics synchronised across the ranks (through
 # the host), residual blocks, global pooling, and two micro-batches accumulated per step.

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
@@ -28,11 +29,14 @@
 #include "tests/cudaemu/device.hpp"
 #include "tests/cudaemu/emulator.hpp"
 
+// Streams and events belong to the device that was current when they were made, as in CUDA.
 struct CUstream_st {
   unsigned flags = 0;
+  int device = 0;
 };
 struct CUevent_st {
   std::chrono::steady_clock::time_point recorded{};
+  int device = 0;
 };
 struct CUgraph_st {
   std::vector<std::function<void()>> nodes;
@@ -76,6 +80,7 @@ int device_count() {
 struct Allocations {
   std::mutex mutex;
   std::map<std::uintptr_t, std::size_t> device, pinned;
+  std::map<std::uintptr_t, int> owner;  // each device allocation's device
   std::size_t device_bytes = 0;
 };
 Allocations& allocations() {
@@ -94,6 +99,13 @@ bool is_device(const void* pointer, std::size_t bytes) {
   Allocations& a = allocations();
   const std::lock_guard<std::mutex> lock(a.mutex);
   return inside(a.device, pointer, bytes);
+}
+// The device whose memory POINTER is in, or -1 where it is no device memory.
+int device_of(const void* pointer) {
+  Allocations& a = allocations();
+  const std::lock_guard<std::mutex> lock(a.mutex);
+  if (!inside(a.device, pointer, 1)) return -1;
+  return std::prev(a.owner.upper_bound(reinterpret_cast<std::uintptr_t>(pointer)))->second;
 }
 bool is_pinned(const void* pointer) {
   Allocations& a = allocations();
@@ -411,15 +423,29 @@ std::uint64_t warp_shuffle(unsigned mask, std::uint64_t value, ShuffleMode mode,
 }
 
 void check_kernel_pointer(const char* name, int index, const void* pointer) {
-  if (pointer == nullptr || is_device(pointer, 1) || is_pinned(pointer)) return;
-  fatal("kernel '" + std::string(name) + "': parameter " + std::to_string(index) +
-        " points to host memory that is neither device memory nor pinned (cudaHostAlloc)");
+  if (pointer == nullptr || is_pinned(pointer)) return;
+  const int owner = device_of(pointer);
+  if (owner < 0)
+    fatal("kernel '" + std::string(name) + "': parameter " + std::to_string(index) +
+          " points to host memory that is neither device memory nor pinned (cudaHostAlloc)");
+  // Without peer access (mptrain enables none) a kernel faults on another device's memory.
+  if (owner != current_device)
+    fatal("kernel '" + std::string(name) + "': parameter " + std::to_string(index) +
+          " points to memory of device " + std::to_string(owner) +
+          ", but the kernel runs on device " + std::to_string(current_device) +
+          " (a thread that did not cudaSetDevice?)");
 }
 
 void launch_erased(const char* name, const LaunchConfig& config, ThreadBody body,
                    std::shared_ptr<void> keep_alive) {
   if (const cudaError_t status = check_config(config); status != cudaSuccess) {
     last_error = status;
+    return;
+  }
+  // A stream of another device than the thread's current one: CUDA refuses the launch.
+  if (!is_legacy(config.stream) && config.stream != cudaStreamPerThread &&
+      config.stream->device != current_device) {
+    last_error = cudaErrorInvalidResourceHandle;
     return;
   }
   std::string kernel(name);
@@ -581,6 +607,7 @@ cudaError_t cudaMalloc(void** pointer, size_t size) {
   void* memory = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (memory == nullptr) return fail(cudaErrorMemoryAllocation);
   a.device[reinterpret_cast<std::uintptr_t>(memory)] = bytes;
+  a.owner[reinterpret_cast<std::uintptr_t>(memory)] = current_device;
   a.device_bytes += bytes;
   *pointer = memory;
   return cudaSuccess;
@@ -592,6 +619,7 @@ cudaError_t cudaFree(void* pointer) {
   auto it = a.device.find(reinterpret_cast<std::uintptr_t>(pointer));
   if (it == a.device.end()) return fail(cudaErrorInvalidValue);
   a.device_bytes -= it->second;
+  a.owner.erase(it->first);
   a.device.erase(it);
   std::free(pointer);
   return cudaSuccess;
@@ -661,7 +689,7 @@ cudaError_t cudaMemset(void* pointer, int value, size_t count) {
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
-  *stream = new CUstream_st{flags};
+  *stream = new CUstream_st{flags, current_device};
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreate(cudaStream_t* stream) {
@@ -747,7 +775,7 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
-  *event = new CUevent_st;
+  *event = new CUevent_st{{}, current_device};
   return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
@@ -758,6 +786,10 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  // An event records only on a stream of its own device (the legacy stream: the current one).
+  const int stream_device =
+      is_legacy(stream) || stream == cudaStreamPerThread ? current_device : stream->device;
+  if (event->device != stream_device) return fail(cudaErrorInvalidResourceHandle);
   return enqueue(stream, [event] { event->recorded = std::chrono::steady_clock::now(); });
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {

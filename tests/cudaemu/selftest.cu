@@ -1,7 +1,8 @@
 // The CUDA emulator's own checks (docs/testing.md, "The CUDA emulator"): what it must compute
 // (barriers, shuffles, a grid-stride loop, stream capture and replay) and what it must refuse
 // (a barrier in divergent code, a shuffle with an exited lane, a host pointer handed to a
-// kernel, a bad launch configuration, a synchronous call inside a capture). Compiled through
+// kernel, another device's stream or memory, a bad launch configuration, a synchronous call
+// inside a capture). Compiled through
 // rewrite_launches.py like kernels/cuda, in the cuda-emu build only. Ends with
 // "N passed, N failed".
 #include <sys/wait.h>
@@ -86,6 +87,7 @@ __global__ void add_one(int* values, int n) {
 }  // namespace
 
 int main() {
+  setenv("MPTRAIN_CUDAEMU_DEVICES", "2", 1);  // two devices, for the cross-device checks
   constexpr int n = 10000, blocks = 7;
   std::vector<int> host(n);
   long long want = 0;
@@ -118,6 +120,24 @@ int main() {
                [&] { shuffle_after_exit<<<1, 32>>>(values); });
   expect_death("a kernel handed a host pointer", "points to host memory",
                [&] { add_one<<<1, 32>>>(host.data(), 4); });
+
+  // Two devices: a stream and memory belong to the device current when they were made.
+  cudaSetDevice(1);
+  cudaStream_t stream_on_1 = nullptr;
+  cudaStreamCreate(&stream_on_1);
+  int* values_on_1 = nullptr;
+  cudaMalloc(reinterpret_cast<void**>(&values_on_1), 64 * sizeof(int));
+  cudaSetDevice(0);
+  add_one<<<1, 32, 0, stream_on_1>>>(values, 4);
+  expect(cudaGetLastError() == cudaErrorInvalidResourceHandle,
+         "a launch on device 1's stream from device 0: cudaErrorInvalidResourceHandle");
+  expect_death("a kernel on device 0 handed device 1's memory", "points to memory of device 1",
+               [&] { add_one<<<1, 32>>>(values_on_1, 4); });
+  cudaSetDevice(1);
+  add_one<<<1, 32, 0, stream_on_1>>>(values_on_1, 4);
+  expect(cudaGetLastError() == cudaSuccess, "the same launch from device 1");
+  cudaStreamDestroy(stream_on_1);
+  cudaSetDevice(0);
 
   // Capture: recorded, not run; replayed with the parameters of the capture; a synchronous
   // copy on the capturing thread invalidates it.
