@@ -131,6 +131,12 @@ int main() {
   add_one<<<1, 32, 0, stream_on_1>>>(values, 4);
   expect(cudaGetLastError() == cudaErrorInvalidResourceHandle,
          "a launch on device 1's stream from device 0: cudaErrorInvalidResourceHandle");
+  cudaEvent_t event_on_0 = nullptr;
+  cudaEventCreate(&event_on_0);
+  expect(cudaEventRecord(event_on_0, stream_on_1) == cudaErrorInvalidResourceHandle,
+         "device 0's event recorded on device 1's stream: cudaErrorInvalidResourceHandle");
+  cudaGetLastError();
+  cudaEventDestroy(event_on_0);
   expect_death("a kernel on device 0 handed device 1's memory", "points to memory of device 1",
                [&] { add_one<<<1, 32>>>(values_on_1, 4); });
   cudaSetDevice(1);
