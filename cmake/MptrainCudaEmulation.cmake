@@ -5,8 +5,6 @@
 # the cuda paths of nn, amp and optim, and the device tests run on a machine without a GPU.
 # No cuDNN and no NCCL: the layers take their own kernels, as with MPTRAIN_CUDA_CONV=im2col.
 # The toolkit's headers give the types and the host halves of the 16-bit conversions.
-find_program(MPTRAIN_NVCC nvcc HINTS ENV CUDA_HOME ENV CUDA_PATH PATH_SUFFIXES bin
-             PATHS /usr/local/cuda/bin)
 find_path(MPTRAIN_CUDA_INCLUDE_DIR cuda_runtime_api.h
           HINTS ENV CUDA_HOME ENV CUDA_PATH
           PATHS /usr/local/cuda /usr

@@ -2,7 +2,8 @@
 // calls that mptrain makes, on host memory, and the execution of kernels, one block at a time,
 // each of its threads a fiber that runs until it exits or waits at a barrier or warp shuffle.
 //
-// What it models: one device (MPTRAIN_CUDAEMU_DEVICES sets the count) with 4 SMs, device memory
+// What it models: devices (one; MPTRAIN_CUDAEMU_DEVICES sets the count) of 4 SMs whose
+// streams, events and memory belong to the device current when they were made, device memory
 // as tracked host allocations, launch configuration limits, CUDA's sticky-free launch errors,
 // stream capture (ThreadLocal mode) into graphs that replay the recorded work with the
 // parameters of the capture, and the calls a capture refuses. What it does not: concurrency.
@@ -11,7 +12,6 @@
 // whose device side is not device memory, a kernel pointer parameter that points to neither
 // device nor pinned memory, a barrier or shuffle that not every thread reaches, and it names
 // the kernel and block.
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -473,63 +473,47 @@ cudaError_t run_on_stream(cudaStream_t stream, std::function<void()> work) {
 
 using namespace mpt::cudaemu;
 
+namespace {
+// The errors the emulator returns, with CUDA's names and its wording (marked as the emulator's).
+struct ErrorText {
+  cudaError_t code;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorText kErrors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+     "invalid configuration argument"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit",
+     "operation would make the legacy stream depend on a capturing blocking stream"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation is not permitted now"},
+};
+const ErrorText& error_text(cudaError_t error) {
+  static constexpr ErrorText unknown{cudaErrorUnknown, "cudaErrorUnknown", "unknown error"};
+  for (const ErrorText& entry : kErrors)
+    if (entry.code == error) return entry;
+  return unknown;
+}
+}  // namespace
+
 extern "C" {
 
-const char* cudaGetErrorName(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "cudaSuccess";
-    case cudaErrorInvalidValue:
-      return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-      return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration:
-      return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevice:
-      return "cudaErrorInvalidDevice";
-    case cudaErrorNoDevice:
-      return "cudaErrorNoDevice";
-    case cudaErrorInvalidResourceHandle:
-      return "cudaErrorInvalidResourceHandle";
-    case cudaErrorStreamCaptureUnsupported:
-      return "cudaErrorStreamCaptureUnsupported";
-    case cudaErrorStreamCaptureInvalidated:
-      return "cudaErrorStreamCaptureInvalidated";
-    case cudaErrorStreamCaptureImplicit:
-      return "cudaErrorStreamCaptureImplicit";
-    case cudaErrorIllegalState:
-      return "cudaErrorIllegalState";
-    default:
-      return "cudaErrorUnknown";
-  }
-}
+const char* cudaGetErrorName(cudaError_t error) { return error_text(error).name; }
 
+// CUDA's wording, marked as the emulator's, so that a failure names where it came from.
 const char* cudaGetErrorString(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorInvalidValue:
-      return "invalid argument (emulator)";
-    case cudaErrorMemoryAllocation:
-      return "out of memory (emulator)";
-    case cudaErrorInvalidConfiguration:
-      return "invalid configuration argument (emulator)";
-    case cudaErrorInvalidDevice:
-      return "invalid device ordinal (emulator)";
-    case cudaErrorNoDevice:
-      return "no CUDA-capable device is detected (emulator)";
-    case cudaErrorInvalidResourceHandle:
-      return "invalid resource handle (emulator)";
-    case cudaErrorStreamCaptureUnsupported:
-      return "operation not permitted when stream is capturing (emulator)";
-    case cudaErrorStreamCaptureInvalidated:
-      return "operation failed due to a previous error during capture (emulator)";
-    case cudaErrorStreamCaptureImplicit:
-      return "operation would make the legacy stream depend on a capturing blocking stream "
-             "(emulator)";
-    default:
-      return "unknown error (emulator)";
-  }
+  static thread_local std::string text;
+  text = error == cudaSuccess ? "no error" : std::string(error_text(error).text) + " (emulator)";
+  return text.c_str();
 }
 
 cudaError_t cudaGetLastError(void) {
