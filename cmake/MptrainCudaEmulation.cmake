@@ -3,7 +3,9 @@
 # rewrite_launches.py turns each <<<...>>> launch into a call of the emulator) and link the
 # emulator's CUDA runtime and cuBLASLt (tests/cudaemu) instead of NVIDIA's, so the CUDA twins,
 # the cuda paths of nn, amp and optim, and the device tests run on a machine without a GPU.
-# No cuDNN and no NCCL: the layers take their own kernels, as with MPTRAIN_CUDA_CONV=im2col.
+# Where the toolkit has cudnn.h, the emulator's cuDNN (tests/cudaemu/cudnn.cpp) stands in for
+# the library, so the conv and pooling layers take their cuDNN path (MPTRAIN_HAVE_CUDNN), as
+# on a GPU machine, and MPTRAIN_CUDA_CONV=im2col still selects their own kernels. No NCCL.
 # The toolkit's headers give the types and the host halves of the 16-bit conversions.
 find_path(MPTRAIN_CUDA_INCLUDE_DIR cuda_runtime_api.h
           HINTS ENV CUDA_HOME ENV CUDA_PATH
@@ -14,6 +16,14 @@ if(NOT MPTRAIN_CUDA_INCLUDE_DIR OR NOT EXISTS "${MPTRAIN_CUDA_INCLUDE_DIR}/cubla
                       "cublasLt.h) (hint: install the toolkit, or set CUDA_HOME)")
 endif()
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
+find_path(MPTRAIN_CUDNN_INCLUDE_DIR cudnn.h
+          HINTS ${MPTRAIN_CUDA_INCLUDE_DIR} ENV CUDNN_ROOT
+          PATHS /usr/local/cuda /usr
+          PATH_SUFFIXES include)
+set(MPTRAIN_CUDAEMU_CUDNN OFF)
+if(MPTRAIN_CUDNN_INCLUDE_DIR)
+  set(MPTRAIN_CUDAEMU_CUDNN ON)
+endif()
 
 add_library(mpt_cudaemu STATIC
   ${PROJECT_SOURCE_DIR}/tests/cudaemu/runtime.cpp
@@ -23,10 +33,18 @@ target_include_directories(mpt_cudaemu SYSTEM PUBLIC ${MPTRAIN_CUDA_INCLUDE_DIR}
 # No fused multiply-adds: __fmul_rn and friends are plain operations here.
 target_compile_options(mpt_cudaemu PUBLIC -ffp-contract=off)
 target_link_libraries(mpt_cudaemu PUBLIC Threads::Threads)
+if(MPTRAIN_CUDAEMU_CUDNN)
+  target_sources(mpt_cudaemu PRIVATE ${PROJECT_SOURCE_DIR}/tests/cudaemu/cudnn.cpp)
+  target_include_directories(mpt_cudaemu SYSTEM PUBLIC ${MPTRAIN_CUDNN_INCLUDE_DIR})
+endif()
 # Under the names the rest of the build links (src/core: CUDA::cudart; kernels: mpt_cuda_libs).
 add_library(CUDA::cudart ALIAS mpt_cudaemu)
 add_library(mpt_cuda_libs INTERFACE)
 target_link_libraries(mpt_cuda_libs INTERFACE mpt_cudaemu)
+if(MPTRAIN_CUDAEMU_CUDNN)
+  target_compile_definitions(mpt_cuda_libs INTERFACE MPTRAIN_HAVE_CUDNN=1)
+endif()
+message(STATUS "mptrain: CUDA emulation, cuDNN emulated=${MPTRAIN_CUDAEMU_CUDNN}")
 
 set(MPTRAIN_CUDAEMU_DIR ${PROJECT_BINARY_DIR}/cudaemu)
 set(_mpt_rewrite ${PROJECT_SOURCE_DIR}/tests/cudaemu/rewrite_launches.py)
@@ -60,9 +78,11 @@ function(mpt_cudaemu_sources target dir)
   foreach(source ${arg_SOURCES})
     mpt_cudaemu_rewrite(generated ${dir}/${source})
     target_sources(${target} PRIVATE ${generated})
-    # #pragma unroll is nvcc's; g++ would warn about each.
+    # #pragma unroll is nvcc's; g++ would warn about each. The #line directives that point
+    # g++ at the .cu make it take the file for a header, where a member of an anonymous
+    # namespace's type draws -Wsubobject-linkage; it is the main file, as for nvcc.
     set_source_files_properties(${generated} PROPERTIES OBJECT_DEPENDS "${generated_headers}"
-                                COMPILE_OPTIONS -Wno-unknown-pragmas)
+                                COMPILE_OPTIONS "-Wno-unknown-pragmas;-Wno-subobject-linkage")
   endforeach()
   target_include_directories(${target} BEFORE PRIVATE ${MPTRAIN_CUDAEMU_DIR})
   target_link_libraries(${target} PRIVATE mpt_cudaemu)

@@ -1,5 +1,6 @@
-// The CUDA emulator's host-side helpers, shared by its runtime (runtime.cpp) and its cuBLASLt
-// (cublaslt.cpp). See device.hpp for what kernels see, docs/testing.md for what it is for.
+// The CUDA emulator's host-side helpers, shared by its runtime (runtime.cpp), its cuBLASLt
+// (cublaslt.cpp) and its cuDNN (cudnn.cpp). See device.hpp for what kernels see,
+// docs/testing.md for what it is for.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,6 +12,14 @@ namespace mpt::cudaemu {
 
 // True when [POINTER, POINTER + BYTES) lies inside one cudaMalloc allocation.
 bool device_memory_contains(const void* pointer, std::size_t bytes);
+// The device whose memory [POINTER, POINTER + BYTES) is, or -1 where it is not inside one
+// cudaMalloc allocation.
+int device_memory_owner(const void* pointer, std::size_t bytes);
+// The calling thread's current device (cudaSetDevice's).
+int current_device_index();
+// The device STREAM belongs to: the one current when it was made; the calling thread's current
+// device for the legacy and per-thread default streams.
+int stream_device(cudaStream_t stream);
 // Runs WORK now, or records it into the capture of STREAM; fails as a copy on STREAM would.
 cudaError_t run_on_stream(cudaStream_t stream, std::function<void()> work);
 // Ends the process naming a CUDA feature that the emulator does not model (so that no test

@@ -463,6 +463,16 @@ bool device_memory_contains(const void* pointer, std::size_t bytes) {
   return is_device(pointer, bytes);
 }
 
+int device_memory_owner(const void* pointer, std::size_t bytes) {
+  return is_device(pointer, bytes) ? device_of(pointer) : -1;
+}
+
+int current_device_index() { return current_device; }
+
+int stream_device(cudaStream_t stream) {
+  return is_legacy(stream) || stream == cudaStreamPerThread ? current_device : stream->device;
+}
+
 cudaError_t run_on_stream(cudaStream_t stream, std::function<void()> work) {
   return enqueue(stream, std::move(work));
 }
