@@ -40,6 +40,7 @@
 #include "kernels/softmax_xent.hpp"
 #include "kernels/staging.hpp"
 #include "kernels/step_state.hpp"
+#include "nn/conv2d.hpp"
 #include "nn/nn.hpp"
 #include "optim/optim.hpp"
 #include "train/checkpointing.hpp"
@@ -53,6 +54,19 @@
 
 namespace mpt::train {
 namespace {
+
+// The path the model's top-level conv layers took (a ResBlock's own convs follow them):
+// "cudnn", "onednn" or "im2col", "mixed" where they differ, "none" without a conv layer
+// (summary.json conv_path).
+std::string conv_path(const nn::Model& model) {
+  std::string path = "none";
+  for (const auto& layer : model.layers())
+    if (const auto* conv = dynamic_cast<const nn::Conv2d*>(layer.get())) {
+      const std::string mine = conv->uses_cudnn() ? "cudnn" : conv->uses_dnnl() ? "onednn" : "im2col";
+      path = path == "none" || path == mine ? mine : "mixed";
+    }
+  return path;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -2002,6 +2016,7 @@ TrainSummary Trainer::run() {
         .add("device_reserved_mb", summary.device_reserved_mb)
         .add("matmul", kernels::matmul_backend() == kernels::MatmulBackend::dnnl ? "onednn" : "blas")
         .add("gemm_operands", gemm_16 ? config.amp.precision : std::string("fp32"))
+        .add("conv_path", conv_path(*model))
         .add("mptrain_version", MPTRAIN_VERSION).add("git_hash", git_hash());
     // Each rank's resident set (MiB) and open descriptors over the logged windows (issue #11).
     if (!resources.rss_first.empty())

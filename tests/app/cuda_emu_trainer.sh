@@ -4,8 +4,9 @@
 # the cpu and on the emulated device must give the same per-step losses (fp32 to summation
 # order, 16 bits to their rounding); --cuda.graphs must replay the eager step exactly; two
 # ranks on cuda stage their gradients through pinned memory; no step may allocate; the device
-# map names cuda. What the emulator cannot show (speed, stream concurrency, cuDNN, NCCL) stays
-# perf/gpu_check.sh's.
+# map names cuda; convolutions take cuDNN (the emulator's, tests/cudaemu/cudnn.cpp) unless
+# MPTRAIN_CUDA_CONV=im2col. What the emulator cannot show (speed, stream concurrency, cuDNN's own
+# kernels, NCCL) stays perf/gpu_check.sh's.
 source "$(dirname "$0")/common.sh"
 
 "$MPTRAIN" prepare synthetic --out "$TMP/data" --train-samples 1024 --test-samples 256 >/dev/null
@@ -83,9 +84,20 @@ train mlp-cpu 1 "${mlp[@]}" --device=cpu &&
 
 # fp16 cnn with dynamic loss scaling: convolutions, pooling and the first layer's rounding.
 cnn=(--model.name=cnn --train.max-steps=4 --train.batch-size=32 --train.precision=fp16)
-train cnn-cpu 1 "${cnn[@]}" --device=cpu && train cnn-cuda 1 "${cnn[@]}" --device=cuda && {
+# The cuda runs take cuDNN, then the layers' own kernels (MPTRAIN_CUDA_CONV=im2col).
+train cnn-cpu 1 "${cnn[@]}" --device=cpu && train cnn-cuda 1 "${cnn[@]}" --device=cuda &&
+  MPTRAIN_CUDA_CONV=im2col train cnn-im2col 1 "${cnn[@]}" --device=cuda && {
   on_cuda cnn-cuda
+  on_cuda cnn-im2col
+  # The emulated cuDNN is there whenever the toolkit has cudnn.h (CMake says: MPT_CUDAEMU_CUDNN).
+  want=im2col
+  [ "${MPT_CUDAEMU_CUDNN:-}" = ON ] && want=cudnn
+  [ "$(summary cnn-cuda conv_path)" = "$want" ] && pass "cnn-cuda: convolutions took $want" ||
+    fail "cnn-cuda: conv_path $(summary cnn-cuda conv_path), expected $want"
+  [ "$(summary cnn-im2col conv_path)" = im2col ] && pass "cnn-im2col: convolutions took im2col" ||
+    fail "cnn-im2col: conv_path $(summary cnn-im2col conv_path), expected im2col"
   same_losses cnn-cpu cnn-cuda 1e-2
+  same_losses cnn-cpu cnn-im2col 1e-2
 }
 
 # Two ranks, bf16, each on its own device (the emulator shows two; rank 1 binds to device 1, so
