@@ -6,18 +6,21 @@
 // streams, events and memory belong to the device current when they were made, device memory
 // as tracked host allocations, launch configuration limits, CUDA's sticky-free launch errors,
 // stream capture (ThreadLocal mode) into graphs that replay the recorded work with the
-// parameters of the capture, and the calls a capture refuses. What it does not: concurrency.
-// Every stream runs its work at the call, in call order, so a missing event or stream wait goes
-// unseen, and so do timing and the memory model. It checks what it can see: a copy or memset
-// whose device side is not device memory, a kernel pointer parameter that points to neither
-// device nor pinned memory, a barrier or shuffle that not every thread reaches, and it names
-// the kernel and block.
+// parameters of the capture, the calls a capture refuses, and streams as queues whose work runs
+// as late as CUDA allows (deferred mode, the default: "stream queues" below), so that a missing
+// event or stream wait reads stale memory. What it does not: concurrency (queued work runs one
+// item at a time, under one lock), timing and the memory model. It checks what it can see: a
+// copy or memset whose device side is not device memory, a kernel pointer parameter that points
+// to neither device nor pinned memory, a barrier or shuffle that not every thread reaches, and
+// it names the kernel and block.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <functional>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -29,20 +32,50 @@
 #include "tests/cudaemu/device.hpp"
 #include "tests/cudaemu/emulator.hpp"
 
+// Each stream's queue of work not run yet (deferred mode; see "stream queues" below).
+namespace mpt::cudaemu {
+struct Queue;
+// A point in a stream's queue: after its first COUNT items.
+struct QueuePoint {
+  std::shared_ptr<Queue> queue;
+  std::uint64_t count = 0;
+};
+
+struct QueuedWork {
+  std::function<void()> work;
+  int device = 0;                 // current on the queuing thread: the work runs on it
+  std::vector<QueuePoint> after;  // what must have run first (an event wait, the legacy order)
+};
+struct Queue {
+  int device = 0;
+  bool legacy = false;    // the device's legacy default stream
+  bool blocking = true;   // orders itself with the legacy stream (not cudaStreamNonBlocking)
+  bool destroyed = false;  // cudaStreamDestroy'ed: dropped once its work has run
+  std::deque<QueuedWork> items;
+  std::uint64_t queued = 0, done = 0;  // items queued and run since the stream was made
+  bool running = false;                // one of its items is running (or waiting for its after)
+};
+}  // namespace mpt::cudaemu
+
 // Streams and events belong to the device that was current when they were made, as in CUDA.
 struct CUstream_st {
   unsigned flags = 0;
   int device = 0;
+  std::shared_ptr<mpt::cudaemu::Queue> queue;
 };
 struct CUevent_st {
-  std::chrono::steady_clock::time_point recorded{};
+  // When its record ran; shared with the queued record, which may run after cudaEventDestroy
+  // (CUDA then frees the event once it has completed).
+  std::shared_ptr<std::chrono::steady_clock::time_point> recorded;
   int device = 0;
+  mpt::cudaemu::QueuePoint point;  // its stream's queue at its last cudaEventRecord, if any
 };
 struct CUgraph_st {
   std::vector<std::function<void()>> nodes;
 };
 struct CUgraphExec_st {
-  std::vector<std::function<void()>> nodes;
+  // Shared with the launches still queued: a destroyed graph that is in flight finishes.
+  std::shared_ptr<const std::vector<std::function<void()>>> nodes;
 };
 
 namespace mpt::cudaemu {
@@ -172,11 +205,141 @@ cudaError_t refuse_if_capturing_thread() {
   return cudaSuccess;
 }
 
-// Runs or records WORK on STREAM.
-cudaError_t enqueue(cudaStream_t stream, std::function<void()> work) {
+// ---- stream queues --------------------------------------------------------------------------
+//
+// Deferred mode (MPTRAIN_CUDAEMU_STREAMS=deferred, the default): work queued on a stream waits
+// in that stream's queue until something needs it done: a host synchronisation (a stream, an
+// event, the device, a synchronous copy, cudaFree...), or queued work that must follow it (an
+// event wait, the legacy stream's implicit order). It then runs, in queue order, on whichever
+// host thread asked, under one lock. So work that a GPU could run late runs late here, and a
+// stream or the host that reads memory without waiting for its writer reads what was there
+// before. Eager mode (MPTRAIN_CUDAEMU_STREAMS=eager) runs every queued item at once, in call
+// order, as the emulator did before it had queues.
+
+bool deferred_streams() {
+  static const bool deferred = [] {
+    const char* value = std::getenv("MPTRAIN_CUDAEMU_STREAMS");
+    if (value == nullptr || std::string(value).empty() || std::string(value) == "deferred")
+      return true;
+    if (std::string(value) == "eager") return false;
+    fatal(std::string("MPTRAIN_CUDAEMU_STREAMS='") + value +
+          "' is neither 'deferred' nor 'eager' (hint: unset it for deferred, the default)");
+  }();
+  return deferred;
+}
+
+// Every queue, per device, and the legacy stream's of each; guarded by queue_mutex, as is all
+// queued work while it runs. Recursive: running an item first runs what it waits for.
+std::recursive_mutex queue_mutex;
+std::map<int, std::vector<std::shared_ptr<Queue>>>& device_queues() {
+  static auto* const instance = new std::map<int, std::vector<std::shared_ptr<Queue>>>;
+  return *instance;
+}
+
+std::shared_ptr<Queue> new_queue(int device, bool legacy, bool blocking) {
+  auto queue = std::make_shared<Queue>();
+  queue->device = device;
+  queue->legacy = legacy;
+  queue->blocking = blocking;
+  device_queues()[device].push_back(queue);
+  return queue;
+}
+
+std::shared_ptr<Queue>& legacy_queue(int device) {
+  static auto* const legacy = new std::map<int, std::shared_ptr<Queue>>;
+  std::shared_ptr<Queue>& queue = (*legacy)[device];
+  if (!queue) queue = new_queue(device, true, true);
+  return queue;
+}
+
+// The queue of STREAM: its own, the current device's legacy stream's, or this thread's
+// per-thread default stream's (which orders itself with the legacy stream, as CUDA's does).
+std::shared_ptr<Queue> queue_of(cudaStream_t stream) {
+  if (is_legacy(stream)) return legacy_queue(current_device);
+  if (stream == cudaStreamPerThread) {
+    thread_local std::map<int, std::shared_ptr<Queue>> per_thread;
+    std::shared_ptr<Queue>& queue = per_thread[current_device];
+    if (!queue) queue = new_queue(current_device, false, true);
+    return queue;
+  }
+  return stream->queue;
+}
+
+void run_until(const QueuePoint& point);
+
+// Runs QUEUE's first item, after what it waits for, on the device it was queued on.
+void run_front(Queue& queue) {
+  queue.running = true;
+  for (const QueuePoint& point : queue.items.front().after) run_until(point);
+  QueuedWork item = std::move(queue.items.front());
+  queue.items.pop_front();
+  const int device = current_device;
+  current_device = item.device;
+  item.work();
+  current_device = device;
+  ++queue.done;
+  queue.running = false;
+}
+
+// Runs POINT's queue up to POINT.
+void run_until(const QueuePoint& point) {
+  Queue& queue = *point.queue;
+  while (queue.done < point.count) {
+    // Waits only reach back to work queued earlier, so this would be a bug of the emulator.
+    if (queue.running) fatal("stream queues wait for each other (an emulator bug)");
+    run_front(queue);
+  }
+}
+
+QueuePoint end_of(const std::shared_ptr<Queue>& queue) { return {queue, queue->queued}; }
+bool pending(const Queue& queue) { return queue.done < queue.queued; }
+
+// Runs every queue of DEVICE to its end, and drops the destroyed streams' emptied queues.
+void run_device(int device) {
+  auto& queues = device_queues()[device];
+  for (std::size_t i = 0; i < queues.size(); ++i) run_until(end_of(queues[i]));
+  std::erase_if(queues, [](const std::shared_ptr<Queue>& q) { return q->destroyed; });
+}
+
+void run_every_device() {
+  std::vector<int> devices;
+  for (const auto& entry : device_queues()) devices.push_back(entry.first);
+  for (int device : devices) run_device(device);
+}
+
+// Queues WORK on STREAM's queue, after AFTER and after what CUDA's implicit order with the
+// legacy stream puts before it; sets *END to the queue's point after it. Eager mode runs it.
+void push(cudaStream_t stream, std::function<void()> work, std::vector<QueuePoint> after,
+          QueuePoint* end) {
+  const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  const std::shared_ptr<Queue> queue = queue_of(stream);
+  if (queue->legacy) {
+    // The legacy stream's work waits for the work queued before on every blocking stream...
+    for (const auto& other : device_queues()[queue->device])
+      if (other->blocking && !other->legacy && pending(*other)) after.push_back(end_of(other));
+  } else if (queue->blocking) {
+    // ...and a blocking stream's work waits for the legacy stream's queued before it.
+    const std::shared_ptr<Queue>& legacy = legacy_queue(queue->device);
+    if (pending(*legacy)) after.push_back(end_of(legacy));
+  }
+  queue->items.push_back(QueuedWork{std::move(work), current_device, std::move(after)});
+  ++queue->queued;
+  if (end != nullptr) *end = end_of(queue);
+  if (!deferred_streams()) run_until(end_of(queue));
+}
+
+// Queues or records WORK on STREAM (see push); *END is left alone when the work is captured.
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> work,
+                    std::vector<QueuePoint> after = {}, QueuePoint* end = nullptr) {
   cudaError_t result = cudaSuccess;
-  if (!captured(stream, work, result)) work();
+  if (!captured(stream, work, result)) push(stream, std::move(work), std::move(after), end);
   return result == cudaSuccess ? cudaSuccess : fail(result);
+}
+
+// Runs STREAM's queue to its end (a host synchronisation with it).
+void run_stream(cudaStream_t stream) {
+  const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  run_until(end_of(queue_of(stream)));
 }
 
 // ---- kernels --------------------------------------------------------------------------------
@@ -506,6 +669,7 @@ constexpr ErrorText kErrors[] = {
     {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit",
      "operation would make the legacy stream depend on a capturing blocking stream"},
     {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation is not permitted now"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
 };
 const ErrorText& error_text(cudaError_t error) {
   static constexpr ErrorText unknown{cudaErrorUnknown, "cudaErrorUnknown", "unknown error"};
@@ -588,6 +752,8 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
 }
 cudaError_t cudaDeviceSynchronize(void) {
   if (refuse_if_capturing_thread() != cudaSuccess) return fail(cudaErrorStreamCaptureUnsupported);
+  const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  run_device(current_device);
   return cudaSuccess;
 }
 
@@ -608,6 +774,12 @@ cudaError_t cudaMalloc(void** pointer, size_t size) {
 }
 cudaError_t cudaFree(void* pointer) {
   if (pointer == nullptr) return cudaSuccess;
+  {
+    // cudaFree synchronises the device: queued work may still use the memory.
+    const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+    const int owner = device_of(pointer);
+    run_device(owner < 0 ? current_device : owner);
+  }
   Allocations& a = allocations();
   const std::lock_guard<std::mutex> lock(a.mutex);
   auto it = a.device.find(reinterpret_cast<std::uintptr_t>(pointer));
@@ -630,6 +802,11 @@ cudaError_t cudaHostAlloc(void** pointer, size_t size, unsigned int) {
 }
 cudaError_t cudaFreeHost(void* pointer) {
   if (pointer == nullptr) return cudaSuccess;
+  {
+    // Synchronises as cudaFree does; any device's queued copy may use pinned memory.
+    const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+    run_every_device();
+  }
   Allocations& a = allocations();
   const std::lock_guard<std::mutex> lock(a.mutex);
   if (a.pinned.erase(reinterpret_cast<std::uintptr_t>(pointer)) == 0)
@@ -668,22 +845,37 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaM
   if (count == 0) return cudaSuccess;
   return enqueue(stream, [=] { std::memcpy(dst, src, count); });
 }
+// On the legacy stream. CUDA's "API synchronization behavior": a copy between device memory
+// returns at once; every other returns when it is done (for pageable host memory, once the
+// source is staged, which here is the same thing).
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
   if (refuse_if_capturing_thread() != cudaSuccess) return fail(cudaErrorStreamCaptureUnsupported);
-  return cudaMemcpyAsync(dst, src, count, kind, cudaStreamLegacy);
+  if (!copy_sides_ok(dst, src, count, kind)) return fail(cudaErrorInvalidValue);
+  if (count == 0) return cudaSuccess;
+  const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  QueuePoint end;
+  const cudaError_t status =
+      enqueue(cudaStreamLegacy, [=] { std::memcpy(dst, src, count); }, {}, &end);
+  const bool device_to_device = is_device(dst, 1) && is_device(src, 1);
+  if (status == cudaSuccess && !device_to_device) run_until(end);
+  return status;
 }
 cudaError_t cudaMemsetAsync(void* pointer, int value, size_t count, cudaStream_t stream) {
   if (count > 0 && !is_device(pointer, count)) return fail(cudaErrorInvalidValue);
   if (count == 0) return cudaSuccess;
   return enqueue(stream, [=] { std::memset(pointer, value, count); });
 }
+// On the legacy stream, and, device memory being the only kind it takes here, asynchronous with
+// respect to the host, as CUDA documents: the host waits for it only through a synchronisation.
 cudaError_t cudaMemset(void* pointer, int value, size_t count) {
   if (refuse_if_capturing_thread() != cudaSuccess) return fail(cudaErrorStreamCaptureUnsupported);
   return cudaMemsetAsync(pointer, value, count, cudaStreamLegacy);
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
-  *stream = new CUstream_st{flags, current_device};
+  const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  *stream = new CUstream_st{flags, current_device,
+                            new_queue(current_device, false, !(flags & cudaStreamNonBlocking))};
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreate(cudaStream_t* stream) {
@@ -692,6 +884,10 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (is_legacy(stream) || stream == cudaStreamPerThread)
     return fail(cudaErrorInvalidResourceHandle);
+  // CUDA returns at once and lets the queued work finish: the queue stays until it has run.
+  const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  stream->queue->destroyed = true;
+  if (!pending(*stream->queue)) std::erase(device_queues()[stream->queue->device], stream->queue);
   delete stream;
   return cudaSuccess;
 }
@@ -704,11 +900,26 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
       return fail(cudaErrorStreamCaptureUnsupported);
     }
   }
-  return cudaSuccess;  // the work ran at the call
+  run_stream(stream);
+  return cudaSuccess;
 }
-cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned int) {
-  return event == nullptr ? fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+// cudaErrorNotReady while work is queued; that work then runs, as a device would go on with
+// it, so that a loop polling the stream ends (the nccl all-reduce's wait polls).
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  const std::shared_ptr<Queue> queue = queue_of(stream);
+  if (!pending(*queue)) return cudaSuccess;
+  run_until(end_of(queue));
+  return cudaErrorNotReady;
+}
+// Queues a wait for the event's point at this call (a later record moves it for later waits
+// only); an event never recorded is complete. Inside a capture the wait is not recorded: the
+// graph replays in order on its stream, after what was queued there before its launch.
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  if (!event->point.queue) return cudaSuccess;
+  return enqueue(stream, [] {}, {event->point});
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* status) {
   Capture& c = capture();
@@ -750,13 +961,15 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
 }
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
   if (graph == nullptr) return fail(cudaErrorInvalidValue);
-  *exec = new CUgraphExec_st{graph->nodes};
+  *exec = new CUgraphExec_st{
+      std::make_shared<const std::vector<std::function<void()>>>(graph->nodes)};
   return cudaSuccess;
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   if (exec == nullptr) return fail(cudaErrorInvalidValue);
-  return enqueue(stream, [exec] {
-    for (const auto& node : exec->nodes) node();
+  // One item on the stream's queue, the whole graph.
+  return enqueue(stream, [nodes = exec->nodes] {
+    for (const auto& node : *nodes) node();
   });
 }
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
@@ -769,7 +982,8 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
-  *event = new CUevent_st{{}, current_device};
+  *event = new CUevent_st{std::make_shared<std::chrono::steady_clock::time_point>(),
+                          current_device, {}};
   return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
@@ -784,17 +998,39 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   const int stream_device =
       is_legacy(stream) || stream == cudaStreamPerThread ? current_device : stream->device;
   if (event->device != stream_device) return fail(cudaErrorInvalidResourceHandle);
-  return enqueue(stream, [event] { event->recorded = std::chrono::steady_clock::now(); });
+  // The event's point moves to the end of the stream's queue (not inside a capture: there the
+  // record is a node of the graph).
+  const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  return enqueue(
+      stream, [recorded = event->recorded] { *recorded = std::chrono::steady_clock::now(); }, {},
+      &event->point);
 }
+// Runs the recording stream up to the event's point.
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  return event == nullptr ? fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+  if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  if (event->point.queue) run_until(event->point);
+  return cudaSuccess;
 }
+// As cudaStreamQuery: cudaErrorNotReady while the recording stream has not reached the event,
+// which it then does.
 cudaError_t cudaEventQuery(cudaEvent_t event) {
-  return event == nullptr ? fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+  if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  if (!event->point.queue || event->point.queue->done >= event->point.count) return cudaSuccess;
+  run_until(event->point);
+  return cudaErrorNotReady;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (start == nullptr || end == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  *ms = std::chrono::duration<float, std::milli>(end->recorded - start->recorded).count();
+  {
+    // Both must have completed, as in CUDA (which says so with cudaErrorNotReady).
+    const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+    for (const cudaEvent_t event : {start, end})
+      if (event->point.queue && event->point.queue->done < event->point.count)
+        return fail(cudaErrorNotReady);
+  }
+  *ms = std::chrono::duration<float, std::milli>(*end->recorded - *start->recorded).count();
   return cudaSuccess;
 }
 

@@ -115,9 +115,15 @@ int main() {
 
   expect_death("a barrier in divergent code",
                "left the kernel while the others wait at __syncthreads",
-               [&] { divergent_barrier<<<1, 64>>>(values); });
+               [&] {
+                 divergent_barrier<<<1, 64>>>(values);
+                 cudaDeviceSynchronize();  // queued work runs (and faults) by then
+               });
   expect_death("a shuffle whose mask names an exited lane", "left the kernel before a __shfl",
-               [&] { shuffle_after_exit<<<1, 32>>>(values); });
+               [&] {
+                 shuffle_after_exit<<<1, 32>>>(values);
+                 cudaDeviceSynchronize();
+               });
   expect_death("a kernel handed a host pointer", "points to host memory",
                [&] { add_one<<<1, 32>>>(host.data(), 4); });
 
