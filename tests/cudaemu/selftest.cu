@@ -2,7 +2,8 @@
 // (barriers, shuffles, a grid-stride loop, stream capture and replay) and what it must refuse
 // (a barrier in divergent code, a shuffle with an exited lane, a host pointer handed to a
 // kernel, another device's stream or memory, a bad launch configuration, a synchronous call
-// inside a capture). Compiled through
+// inside a capture), and that deferred streams run work as late as CUDA allows (a reader that
+// does not wait for its writer reads stale memory). Compiled through
 // rewrite_launches.py like kernels/cuda, in the cuda-emu build only. Ends with
 // "N passed, N failed".
 #include <sys/wait.h>
@@ -84,10 +85,156 @@ __global__ void add_one(int* values, int n) {
     values[i] += 1;
 }
 
+__global__ void fill(int* values, int n, int value) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    values[i] = value;
+}
+
+__global__ void copy_values(const int* from, int* to, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    to[i] = from[i];
+}
+
+// A device value, read through the legacy stream (which runs the blocking streams' work first).
+int read_first(const int* device_values) {
+  int value = -1;
+  cudaMemcpy(&value, device_values, sizeof value, cudaMemcpyDeviceToHost);
+  return value;
+}
+
+// Deferred streams: work runs as late as CUDA allows, so that a reader that does not wait for
+// its writer (another stream, or the host) reads what was there before.
+void check_deferred_streams() {
+  constexpr int n = 64;
+  int *written = nullptr, *read = nullptr;
+  cudaMalloc(reinterpret_cast<void**>(&written), n * sizeof(int));
+  cudaMalloc(reinterpret_cast<void**>(&read), n * sizeof(int));
+  cudaStream_t a = nullptr, b = nullptr, blocking = nullptr;
+  cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+  cudaStreamCreate(&blocking);
+  cudaEvent_t event = nullptr;
+  cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  const auto reset = [&] {
+    fill<<<1, 64>>>(written, n, 1);
+    fill<<<1, 64>>>(read, n, 0);
+    cudaDeviceSynchronize();
+  };
+
+  // (a) Stream b reads what stream a writes, without waiting for it.
+  reset();
+  fill<<<1, 64, 0, a>>>(written, n, 2);
+  copy_values<<<1, 64, 0, b>>>(written, read, n);
+  cudaStreamSynchronize(b);
+  cudaStreamSynchronize(a);
+  expect(read_first(read) == 1 && read_first(written) == 2,
+         "deferred: a stream that does not wait for another's write reads the old value (" +
+             std::to_string(read_first(read)) + ")");
+
+  // (b) The same with an event wait; a later record of the event does not move the wait.
+  reset();
+  fill<<<1, 64, 0, a>>>(written, n, 2);
+  cudaEventRecord(event, a);
+  cudaStreamWaitEvent(b, event, 0);
+  copy_values<<<1, 64, 0, b>>>(written, read, n);
+  fill<<<1, 64, 0, a>>>(written, n, 3);
+  cudaEventRecord(event, a);
+  cudaStreamSynchronize(b);
+  expect(read_first(read) == 2,
+         "deferred: after cudaEventRecord + cudaStreamWaitEvent it reads the write before the "
+         "record, not the one before the event's next record (" +
+             std::to_string(read_first(read)) + ")");
+  const cudaError_t not_reached = cudaEventQuery(event);
+  cudaEventSynchronize(event);
+  expect(not_reached == cudaErrorNotReady && read_first(written) == 3,
+         "deferred: cudaEventQuery says cudaErrorNotReady, cudaEventSynchronize runs the stream "
+         "to the record");
+
+  // (c) The host and pinned memory: a copy into it has not landed before a synchronisation,
+  // and a copy out of it reads what the host writes there until the copy runs.
+  int* pinned = nullptr;
+  cudaHostAlloc(reinterpret_cast<void**>(&pinned), n * sizeof(int), cudaHostAllocPortable);
+  reset();
+  pinned[0] = 0;
+  cudaMemcpyAsync(pinned, written, n * sizeof(int), cudaMemcpyDeviceToHost, a);
+  expect(pinned[0] == 0, "deferred: the host reads pinned memory before the copy into it landed");
+  const cudaError_t queued = cudaStreamQuery(a);
+  expect(queued == cudaErrorNotReady,
+         std::string("deferred: cudaStreamQuery of a stream with queued work: ") +
+             cudaGetErrorName(queued));
+  cudaStreamSynchronize(a);
+  expect(pinned[0] == 1 && cudaStreamQuery(a) == cudaSuccess,
+         "deferred: after cudaStreamSynchronize the host reads the copy (" +
+             std::to_string(pinned[0]) + ")");
+  pinned[0] = 5;
+  cudaMemcpyAsync(written, pinned, sizeof(int), cudaMemcpyHostToDevice, a);
+  pinned[0] = 6;  // reused before the copy out of it ran
+  cudaStreamSynchronize(a);
+  expect(read_first(written) == 6,
+         "deferred: a pinned buffer that the host rewrites before the copy out of it ran gives "
+         "the rewritten value (" +
+             std::to_string(read_first(written)) + ")");
+  cudaFreeHost(pinned);
+
+  // (d) The legacy stream waits for the blocking streams' work queued before it, and they for
+  // its; a non-blocking stream takes no part.
+  reset();
+  fill<<<1, 64, 0, blocking>>>(written, n, 4);
+  copy_values<<<1, 64>>>(written, read, n);
+  cudaStreamSynchronize(cudaStreamLegacy);
+  cudaStreamSynchronize(blocking);  // nothing queued after the legacy stream's copy
+  int got = -1;
+  std::memcpy(&got, read, sizeof got);  // device memory is host memory here: no copy to run
+  expect(got == 4, "deferred: the legacy stream waits for a blocking stream (" +
+                       std::to_string(got) + ")");
+  reset();
+  fill<<<1, 64>>>(written, n, 5);
+  copy_values<<<1, 64, 0, blocking>>>(written, read, n);
+  cudaStreamSynchronize(blocking);
+  std::memcpy(&got, read, sizeof got);
+  expect(got == 5, "deferred: a blocking stream waits for the legacy stream (" +
+                       std::to_string(got) + ")");
+  reset();
+  fill<<<1, 64>>>(written, n, 6);
+  copy_values<<<1, 64, 0, a>>>(written, read, n);
+  cudaStreamSynchronize(a);
+  std::memcpy(&got, read, sizeof got);
+  expect(got == 1, "deferred: a non-blocking stream does not wait for the legacy stream (" +
+                       std::to_string(got) + ")");
+  cudaDeviceSynchronize();
+
+  // A graph launch is one queued item, which a graph destroyed in flight still runs.
+  reset();
+  cudaGraph_t graph = nullptr;
+  cudaStreamBeginCapture(a, cudaStreamCaptureModeThreadLocal);
+  add_one<<<1, 64, 0, a>>>(written, n);
+  cudaStreamEndCapture(a, &graph);
+  cudaGraphExec_t exec = nullptr;
+  cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphLaunch(exec, a);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  std::memcpy(&got, written, sizeof got);
+  cudaDeviceSynchronize();
+  int after_graph = -1;
+  std::memcpy(&after_graph, written, sizeof after_graph);
+  expect(got == 1 && after_graph == 2,
+         "deferred: a graph launch waits in its stream's queue until a synchronisation (" +
+             std::to_string(got) + ", then " + std::to_string(after_graph) + ")");
+
+  cudaEventDestroy(event);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+  cudaStreamDestroy(blocking);
+  cudaFree(written);
+  cudaFree(read);
+}
+
 }  // namespace
 
 int main() {
   setenv("MPTRAIN_CUDAEMU_DEVICES", "2", 1);  // two devices, for the cross-device checks
+  setenv("MPTRAIN_CUDAEMU_STREAMS", "deferred", 1);  // the checks of stale reads need it
   constexpr int n = 10000, blocks = 7;
   std::vector<int> host(n);
   long long want = 0;
@@ -185,6 +332,7 @@ int main() {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+  check_deferred_streams();
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }
