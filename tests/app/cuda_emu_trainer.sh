@@ -5,9 +5,15 @@
 # order, 16 bits to their rounding); --cuda.graphs must replay the eager step exactly; two
 # ranks on cuda stage their gradients through pinned memory; no step may allocate; the device
 # map names cuda; convolutions take cuDNN (the emulator's, tests/cudaemu/cudnn.cpp) unless
-# MPTRAIN_CUDA_CONV=im2col. What the emulator cannot show (speed, stream concurrency, cuDNN's own
-# kernels, NCCL) stays perf/gpu_check.sh's.
+# MPTRAIN_CUDA_CONV=im2col. What the emulator cannot show (speed, truly concurrent streams,
+# cuDNN's own kernels, NCCL) stays perf/gpu_check.sh's.
 source "$(dirname "$0")/common.sh"
+
+# Deferred streams (tests/cudaemu/runtime.cpp, the default; set here so that this test keeps
+# running in it whatever the default becomes): the compute, copy and comm streams' work runs
+# only when an event wait or a host synchronisation needs it, so a missing wait reads stale
+# memory and changes the losses. MPTRAIN_CUDAEMU_STREAMS=eager, given, is kept for comparison.
+export MPTRAIN_CUDAEMU_STREAMS=${MPTRAIN_CUDAEMU_STREAMS:-deferred}
 
 "$MPTRAIN" prepare synthetic --out "$TMP/data" --train-samples 1024 --test-samples 256 >/dev/null
 D="$TMP/data"
