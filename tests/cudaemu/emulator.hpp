@@ -20,7 +20,9 @@ int current_device_index();
 // The device STREAM belongs to: the one current when it was made; the calling thread's current
 // device for the legacy and per-thread default streams.
 int stream_device(cudaStream_t stream);
-// Runs WORK now, or records it into the capture of STREAM; fails as a copy on STREAM would.
+// Queues WORK on STREAM (it runs when a synchronisation or a later wait needs it, on whichever
+// host thread asks: capture what it reads by value), or records it into STREAM's capture;
+// fails as a copy on STREAM would.
 cudaError_t run_on_stream(cudaStream_t stream, std::function<void()> work);
 // Ends the process naming a CUDA feature that the emulator does not model (so that no test
 // passes on behaviour the emulator made up).
