@@ -48,8 +48,8 @@ struct QueuedWork {
 };
 struct Queue {
   int device = 0;
-  bool legacy = false;    // the device's legacy default stream
-  bool blocking = true;   // orders itself with the legacy stream (not cudaStreamNonBlocking)
+  bool legacy = false;     // the device's legacy default stream
+  bool blocking = true;    // orders itself with the legacy stream (not cudaStreamNonBlocking)
   bool destroyed = false;  // cudaStreamDestroy'ed: dropped once its work has run
   std::deque<QueuedWork> items;
   std::uint64_t queued = 0, done = 0;  // items queued and run since the stream was made
@@ -854,8 +854,8 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpy
   if (count == 0) return cudaSuccess;
   const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
   QueuePoint end;
-  const cudaError_t status =
-      enqueue(cudaStreamLegacy, [=] { std::memcpy(dst, src, count); }, {}, &end);
+  const cudaError_t status = enqueue(
+      cudaStreamLegacy, [=] { std::memcpy(dst, src, count); }, {}, &end);
   const bool device_to_device = is_device(dst, 1) && is_device(src, 1);
   if (status == cudaSuccess && !device_to_device) run_until(end);
   return status;
@@ -961,8 +961,8 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
 }
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
   if (graph == nullptr) return fail(cudaErrorInvalidValue);
-  *exec = new CUgraphExec_st{
-      std::make_shared<const std::vector<std::function<void()>>>(graph->nodes)};
+  *exec =
+      new CUgraphExec_st{std::make_shared<const std::vector<std::function<void()>>>(graph->nodes)};
   return cudaSuccess;
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
@@ -982,8 +982,8 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
-  *event = new CUevent_st{std::make_shared<std::chrono::steady_clock::time_point>(),
-                          current_device, {}};
+  *event =
+      new CUevent_st{std::make_shared<std::chrono::steady_clock::time_point>(), current_device, {}};
   return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }

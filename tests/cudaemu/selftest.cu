@@ -185,15 +185,15 @@ void check_deferred_streams() {
   cudaStreamSynchronize(blocking);  // nothing queued after the legacy stream's copy
   int got = -1;
   std::memcpy(&got, read, sizeof got);  // device memory is host memory here: no copy to run
-  expect(got == 4, "deferred: the legacy stream waits for a blocking stream (" +
-                       std::to_string(got) + ")");
+  expect(got == 4,
+         "deferred: the legacy stream waits for a blocking stream (" + std::to_string(got) + ")");
   reset();
   fill<<<1, 64>>>(written, n, 5);
   copy_values<<<1, 64, 0, blocking>>>(written, read, n);
   cudaStreamSynchronize(blocking);
   std::memcpy(&got, read, sizeof got);
-  expect(got == 5, "deferred: a blocking stream waits for the legacy stream (" +
-                       std::to_string(got) + ")");
+  expect(got == 5,
+         "deferred: a blocking stream waits for the legacy stream (" + std::to_string(got) + ")");
   reset();
   fill<<<1, 64>>>(written, n, 6);
   copy_values<<<1, 64, 0, a>>>(written, read, n);
@@ -233,7 +233,7 @@ void check_deferred_streams() {
 }  // namespace
 
 int main() {
-  setenv("MPTRAIN_CUDAEMU_DEVICES", "2", 1);  // two devices, for the cross-device checks
+  setenv("MPTRAIN_CUDAEMU_DEVICES", "2", 1);         // two devices, for the cross-device checks
   setenv("MPTRAIN_CUDAEMU_STREAMS", "deferred", 1);  // the checks of stale reads need it
   constexpr int n = 10000, blocks = 7;
   std::vector<int> host(n);
@@ -261,16 +261,14 @@ int main() {
   cudaGetLastError();
 
   expect_death("a barrier in divergent code",
-               "left the kernel while the others wait at __syncthreads",
-               [&] {
+               "left the kernel while the others wait at __syncthreads", [&] {
                  divergent_barrier<<<1, 64>>>(values);
                  cudaDeviceSynchronize();  // queued work runs (and faults) by then
                });
-  expect_death("a shuffle whose mask names an exited lane", "left the kernel before a __shfl",
-               [&] {
-                 shuffle_after_exit<<<1, 32>>>(values);
-                 cudaDeviceSynchronize();
-               });
+  expect_death("a shuffle whose mask names an exited lane", "left the kernel before a __shfl", [&] {
+    shuffle_after_exit<<<1, 32>>>(values);
+    cudaDeviceSynchronize();
+  });
   expect_death("a kernel handed a host pointer", "points to host memory",
                [&] { add_one<<<1, 32>>>(host.data(), 4); });
 
