@@ -18,9 +18,9 @@
 //     runtime models them), and a stream of another device is refused.
 // Algorithms differ here only in their workspace: the rounding, speed and tie-breaking of
 // cuDNN's kernels are the GPU check's (perf/gpu_check.sh).
-#include <cudnn.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cudnn.h>
 
 #include <algorithm>
 #include <cmath>
@@ -111,7 +111,9 @@ bool usable(const T* object) {
 }
 
 std::size_t element_bytes(cudnnDataType_t type) {
-  return type == CUDNN_DATA_FLOAT ? 4 : (type == CUDNN_DATA_HALF || type == CUDNN_DATA_BFLOAT16) ? 2 : 0;
+  return type == CUDNN_DATA_FLOAT                                   ? 4
+         : (type == CUDNN_DATA_HALF || type == CUDNN_DATA_BFLOAT16) ? 2
+                                                                    : 0;
 }
 bool sixteen_bit(cudnnDataType_t type) { return element_bytes(type) == 2; }
 
@@ -218,8 +220,9 @@ struct Region {
 // A region of no bytes (a workspace the algorithm does not use) is not checked.
 void check_regions(const char* call, const cudnnContext& handle, std::vector<Region> inputs,
                    const std::vector<Region>& outputs) {
-  inputs.erase(std::remove_if(inputs.begin(), inputs.end(), [](const Region& r) { return r.bytes == 0; }),
-               inputs.end());
+  inputs.erase(
+      std::remove_if(inputs.begin(), inputs.end(), [](const Region& r) { return r.bytes == 0; }),
+      inputs.end());
   const auto check = [&](const Region& r) {
     if (r.data == nullptr) fault(std::string(call) + ": " + r.name + " is null");
     if (reinterpret_cast<std::uintptr_t>(r.data) % r.element != 0)
@@ -345,7 +348,8 @@ bool workspace_of(Direction direction, int algo, const ConvProblem& p, std::size
   const std::size_t window = std::size_t(p.w.c) * p.w.h * p.w.w;
   const std::size_t positions = std::size_t(p.y.h) * p.y.w;
   const std::size_t filter = std::size_t(p.w.k) * window * e;
-  const std::size_t plane_pairs = std::size_t(p.x.n) * (p.x.c + p.w.k) * std::size_t(p.x.h + 2 * p.conv.pad_h) *
+  const std::size_t plane_pairs = std::size_t(p.x.n) * (p.x.c + p.w.k) *
+                                  std::size_t(p.x.h + 2 * p.conv.pad_h) *
                                   std::size_t(p.x.w + 2 * p.conv.pad_w) * 8;  // complex f32
   bytes = 0;
   switch (direction) {
@@ -413,8 +417,8 @@ cudnnStatus_t heuristic(Direction direction, const ConvProblem& p, int requested
     Perf perf{};
     perf.algo = static_cast<Algo>(r.algo);
     std::size_t bytes = 0;
-    perf.status =
-        workspace_of(direction, r.algo, p, bytes) ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_NOT_SUPPORTED;
+    perf.status = workspace_of(direction, r.algo, p, bytes) ? CUDNN_STATUS_SUCCESS
+                                                            : CUDNN_STATUS_NOT_SUPPORTED;
     perf.time = -1.f;  // heuristics do not time
     perf.memory = bytes;
     perf.determinism = r.deterministic ? CUDNN_DETERMINISTIC : CUDNN_NON_DETERMINISTIC;
@@ -425,8 +429,7 @@ cudnnStatus_t heuristic(Direction direction, const ConvProblem& p, int requested
   return CUDNN_STATUS_SUCCESS;
 }
 
-cudnnStatus_t workspace_query(Direction direction, const ConvProblem& p, int algo,
-                              size_t* size) {
+cudnnStatus_t workspace_query(Direction direction, const ConvProblem& p, int algo, size_t* size) {
   if (size == nullptr) return CUDNN_STATUS_BAD_PARAM;
   std::size_t bytes = 0;
   if (!workspace_of(direction, algo, p, bytes)) return CUDNN_STATUS_NOT_SUPPORTED;
@@ -487,10 +490,9 @@ struct Named {
 // forward, dy and w for the data gradient, x and dy for the filter's), OUT the output. Checked,
 // then queued on the handle's stream: the workspace written over, the inputs read (TF32 where
 // the math type lets cuDNN use it), the products summed in double.
-cudnnStatus_t convolve(const char* call, cudnnHandle_t handle, const void* alpha,
-                       const void* beta, cudnnStatus_t status, const ConvProblem& p,
-                       Direction direction, int algo, void* workspace,
-                       std::size_t workspace_bytes, Named a, Named b, Named out) {
+cudnnStatus_t convolve(const char* call, cudnnHandle_t handle, const void* alpha, const void* beta,
+                       cudnnStatus_t status, const ConvProblem& p, Direction direction, int algo,
+                       void* workspace, std::size_t workspace_bytes, Named a, Named b, Named out) {
   float alpha_value = 0, beta_value = 0;
   if (!alive(handle) || !scaling(alpha, beta, alpha_value, beta_value))
     return CUDNN_STATUS_BAD_PARAM;
@@ -501,9 +503,8 @@ cudnnStatus_t convolve(const char* call, cudnnHandle_t handle, const void* alpha
   const std::size_t e = element_bytes(p.x.type);
   const std::size_t x_bytes = extent(p.x), w_bytes = extent(p.w), y_bytes = extent(p.y);
   const auto bytes_of = [&](Direction d, int slot) {  // slot 0, 1: the inputs; 2: the output
-    const std::size_t order[3][3] = {{x_bytes, w_bytes, y_bytes},
-                                     {y_bytes, w_bytes, x_bytes},
-                                     {x_bytes, y_bytes, w_bytes}};
+    const std::size_t order[3][3] = {
+        {x_bytes, w_bytes, y_bytes}, {y_bytes, w_bytes, x_bytes}, {x_bytes, y_bytes, w_bytes}};
     return order[static_cast<int>(d)][slot];
   };
   check_regions(call, *handle,
@@ -521,9 +522,8 @@ cudnnStatus_t convolve(const char* call, cudnnHandle_t handle, const void* alpha
     const bool forward = direction == Direction::forward;
     const bool data_grad = direction == Direction::backward_data;
     const std::vector<float> xs = in(!data_grad, p.x, a.data);
-    const std::vector<float> ws = direction == Direction::backward_filter
-                                      ? std::vector<float>{}
-                                      : read(p.w, b.data, round);
+    const std::vector<float> ws =
+        direction == Direction::backward_filter ? std::vector<float>{} : read(p.w, b.data, round);
     const std::vector<float> ys = in(!forward, p.y, data_grad ? a.data : b.data);
     void* result = const_cast<void*>(out.data);
     std::vector<double> sums;
@@ -689,8 +689,7 @@ cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t desc,
   *desc = {true, pad_h, pad_w, u, v, dilation_h, dilation_w, mode, compute, math};
   return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t desc,
-                                          cudnnMathType_t math) {
+cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t desc, cudnnMathType_t math) {
   if (!alive(desc)) return CUDNN_STATUS_BAD_PARAM;
   if (math != CUDNN_DEFAULT_MATH && math != CUDNN_TENSOR_OP_MATH &&
       math != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION && math != CUDNN_FMA_MATH)
@@ -700,8 +699,8 @@ cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t desc,
 }
 cudnnStatus_t cudnnGetConvolution2dForwardOutputDim(const cudnnConvolutionDescriptor_t conv,
                                                     const cudnnTensorDescriptor_t x,
-                                                    const cudnnFilterDescriptor_t w, int* n,
-                                                    int* c, int* h, int* wo) {
+                                                    const cudnnFilterDescriptor_t w, int* n, int* c,
+                                                    int* h, int* wo) {
   if (!usable(conv) || !usable(x) || !usable(w) || !n || !c || !h || !wo)
     return CUDNN_STATUS_BAD_PARAM;
   if (x->c != w->c) return CUDNN_STATUS_BAD_PARAM;
@@ -725,8 +724,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithmMaxCount(cudnnHandle_t han
   *count = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
   return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(cudnnHandle_t handle,
-                                                                 int* count) {
+cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(cudnnHandle_t handle, int* count) {
   if (!alive(handle) || count == nullptr) return CUDNN_STATUS_BAD_PARAM;
   *count = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
   return CUDNN_STATUS_SUCCESS;
@@ -748,8 +746,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
     int* returned, cudnnConvolutionBwdDataAlgoPerf_t* results) {
   ConvProblem p;
   if (!alive(handle)) return CUDNN_STATUS_BAD_PARAM;
-  if (const cudnnStatus_t s = conv_problem(dx, w, conv, dy, p); s != CUDNN_STATUS_SUCCESS)
-    return s;
+  if (const cudnnStatus_t s = conv_problem(dx, w, conv, dy, p); s != CUDNN_STATUS_SUCCESS) return s;
   return heuristic<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(
       Direction::backward_data, p, requested, returned, results);
 }
@@ -759,35 +756,27 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
     int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* results) {
   ConvProblem p;
   if (!alive(handle)) return CUDNN_STATUS_BAD_PARAM;
-  if (const cudnnStatus_t s = conv_problem(x, dw, conv, dy, p); s != CUDNN_STATUS_SUCCESS)
-    return s;
+  if (const cudnnStatus_t s = conv_problem(x, dw, conv, dy, p); s != CUDNN_STATUS_SUCCESS) return s;
   return heuristic<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
       Direction::backward_filter, p, requested, returned, results);
 }
 
-cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t handle,
-                                                      const cudnnTensorDescriptor_t x,
-                                                      const cudnnFilterDescriptor_t w,
-                                                      const cudnnConvolutionDescriptor_t conv,
-                                                      const cudnnTensorDescriptor_t y,
-                                                      cudnnConvolutionFwdAlgo_t algo,
-                                                      size_t* size) {
+cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(
+    cudnnHandle_t handle, const cudnnTensorDescriptor_t x, const cudnnFilterDescriptor_t w,
+    const cudnnConvolutionDescriptor_t conv, const cudnnTensorDescriptor_t y,
+    cudnnConvolutionFwdAlgo_t algo, size_t* size) {
   ConvProblem p;
   if (!alive(handle)) return CUDNN_STATUS_BAD_PARAM;
   if (const cudnnStatus_t s = conv_problem(x, w, conv, y, p); s != CUDNN_STATUS_SUCCESS) return s;
   return workspace_query(Direction::forward, p, algo, size);
 }
-cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t handle,
-                                                           const cudnnFilterDescriptor_t w,
-                                                           const cudnnTensorDescriptor_t dy,
-                                                           const cudnnConvolutionDescriptor_t conv,
-                                                           const cudnnTensorDescriptor_t dx,
-                                                           cudnnConvolutionBwdDataAlgo_t algo,
-                                                           size_t* size) {
+cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(
+    cudnnHandle_t handle, const cudnnFilterDescriptor_t w, const cudnnTensorDescriptor_t dy,
+    const cudnnConvolutionDescriptor_t conv, const cudnnTensorDescriptor_t dx,
+    cudnnConvolutionBwdDataAlgo_t algo, size_t* size) {
   ConvProblem p;
   if (!alive(handle)) return CUDNN_STATUS_BAD_PARAM;
-  if (const cudnnStatus_t s = conv_problem(dx, w, conv, dy, p); s != CUDNN_STATUS_SUCCESS)
-    return s;
+  if (const cudnnStatus_t s = conv_problem(dx, w, conv, dy, p); s != CUDNN_STATUS_SUCCESS) return s;
   return workspace_query(Direction::backward_data, p, algo, size);
 }
 cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(
@@ -796,8 +785,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(
     cudnnConvolutionBwdFilterAlgo_t algo, size_t* size) {
   ConvProblem p;
   if (!alive(handle)) return CUDNN_STATUS_BAD_PARAM;
-  if (const cudnnStatus_t s = conv_problem(x, dw, conv, dy, p); s != CUDNN_STATUS_SUCCESS)
-    return s;
+  if (const cudnnStatus_t s = conv_problem(x, dw, conv, dy, p); s != CUDNN_STATUS_SUCCESS) return s;
   return workspace_query(Direction::backward_filter, p, algo, size);
 }
 
@@ -824,8 +812,8 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alp
   ConvProblem p;
   const cudnnStatus_t status = conv_problem(dx_desc, w_desc, conv, dy_desc, p);
   return convolve("cudnnConvolutionBackwardData", handle, alpha, beta, status, p,
-                  Direction::backward_data, algo, workspace, workspace_bytes, {"dy", dy},
-                  {"w", w}, {"dx", dx});
+                  Direction::backward_data, algo, workspace, workspace_bytes, {"dy", dy}, {"w", w},
+                  {"dx", dx});
 }
 
 cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* alpha,
@@ -843,9 +831,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* a
 }
 
 cudnnStatus_t cudnnCreatePoolingDescriptor(cudnnPoolingDescriptor_t* desc) { return create(desc); }
-cudnnStatus_t cudnnDestroyPoolingDescriptor(cudnnPoolingDescriptor_t desc) {
-  return destroy(desc);
-}
+cudnnStatus_t cudnnDestroyPoolingDescriptor(cudnnPoolingDescriptor_t desc) { return destroy(desc); }
 cudnnStatus_t cudnnSetPooling2dDescriptor(cudnnPoolingDescriptor_t desc, cudnnPoolingMode_t mode,
                                           cudnnNanPropagation_t nan, int window_h, int window_w,
                                           int pad_h, int pad_w, int stride_h, int stride_w) {
@@ -887,16 +873,16 @@ cudnnStatus_t cudnnPoolingForward(cudnnHandle_t handle, const cudnnPoolingDescri
   const cudaError_t status = mpt::cudaemu::run_on_stream(handle->stream, [=] {
     const std::vector<float> xs = read(p.x, x, false);
     std::vector<double> out(static_cast<std::size_t>(count(dims(p.y))));
-    for_each_window(p, [&](std::int64_t o, const std::vector<std::int64_t>& window,
-                           std::int64_t divisor) {
-      if (is_max(p.pool.mode)) {
-        out[o] = xs[argmax(xs, window, p.pool.nan)];
-      } else {
-        double sum = 0;
-        for (std::int64_t i : window) sum += xs[i];
-        out[o] = static_cast<float>(sum / static_cast<double>(divisor));
-      }
-    });
+    for_each_window(
+        p, [&](std::int64_t o, const std::vector<std::int64_t>& window, std::int64_t divisor) {
+          if (is_max(p.pool.mode)) {
+            out[o] = xs[argmax(xs, window, p.pool.nan)];
+          } else {
+            double sum = 0;
+            for (std::int64_t i : window) sum += xs[i];
+            out[o] = static_cast<float>(sum / static_cast<double>(divisor));
+          }
+        });
     write(p.y, y, out, a, b);
   });
   return status == cudaSuccess ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_EXECUTION_FAILED;
@@ -926,14 +912,14 @@ cudnnStatus_t cudnnPoolingBackward(cudnnHandle_t handle, const cudnnPoolingDescr
   const cudaError_t status = mpt::cudaemu::run_on_stream(handle->stream, [=] {
     const std::vector<float> xs = read(p.x, x, false), dys = read(dy_t, dy, false);
     std::vector<double> out(static_cast<std::size_t>(count(dims(p.x))), 0.0);
-    for_each_window(p, [&](std::int64_t o, const std::vector<std::int64_t>& window,
-                           std::int64_t divisor) {
-      if (is_max(p.pool.mode)) {
-        out[argmax(xs, window, p.pool.nan)] += dys[o];
-      } else {
-        for (std::int64_t i : window) out[i] += dys[o] / static_cast<double>(divisor);
-      }
-    });
+    for_each_window(
+        p, [&](std::int64_t o, const std::vector<std::int64_t>& window, std::int64_t divisor) {
+          if (is_max(p.pool.mode)) {
+            out[argmax(xs, window, p.pool.nan)] += dys[o];
+          } else {
+            for (std::int64_t i : window) out[i] += dys[o] / static_cast<double>(divisor);
+          }
+        });
     write(dx_t, dx, out, a, b);
   });
   return status == cudaSuccess ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_EXECUTION_FAILED;

@@ -196,8 +196,8 @@ int main() {
   }
   {
     // Pooling a 1x1x3x3 plane 1..9 with 2x2 windows at stride 1: max 5 6 8 9; with pad 1 and
-    // stride 2 the average excluding padding is 1, 2.5, 5.5, 7 (windows {1}, {2,3}, {4,7}, {5,6,8,9}),
-    // and including it 0.25, 1.25, 2.75, 7.
+    // stride 2 the average excluding padding is 1, 2.5, 5.5, 7 (windows {1}, {2,3}, {4,7},
+    // {5,6,8,9}), and including it 0.25, 1.25, 2.75, 7.
     cudnnHandle_t handle = nullptr;
     cudnnCreate(&handle);
     cudnnTensorDescriptor_t xd = tensor(1, 1, 3, 3), yd = tensor(1, 1, 2, 2);
@@ -236,8 +236,9 @@ int main() {
 
 #else
 int main() {
-  std::printf("cudaemu cuDNN self-test SKIPPED: the toolkit has no cudnn.h, so cuDNN is not "
-              "emulated\n");
+  std::printf(
+      "cudaemu cuDNN self-test SKIPPED: the toolkit has no cudnn.h, so cuDNN is not "
+      "emulated\n");
   return 77;
 }
 #endif

@@ -6,49 +6,18 @@
 // does not wait for its writer reads stale memory). Compiled through
 // rewrite_launches.py like kernels/cuda, in the cuda-emu build only. Ends with
 // "N passed, N failed".
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "tests/cudaemu/check.hpp"
+
 namespace {
 
-int passed = 0, failed = 0;
-void expect(bool ok, const std::string& what) {
-  std::printf("%s %s\n", ok ? "  ok  " : "  FAIL", what.c_str());
-  ++(ok ? passed : failed);
-}
-
-// Runs BODY in a child and expects it to die with a line containing NEEDLE on stderr.
-template <class Body>
-void expect_death(const std::string& what, const char* needle, Body body) {
-  int pipe_fds[2];
-  if (pipe(pipe_fds) != 0) std::abort();
-  std::fflush(stdout);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(pipe_fds[1], 2);
-    close(pipe_fds[0]);
-    body();
-    std::_Exit(0);  // it did not die
-  }
-  close(pipe_fds[1]);
-  std::string text;
-  char buffer[512];
-  for (ssize_t n; (n = read(pipe_fds[0], buffer, sizeof buffer)) > 0;) text.append(buffer, n);
-  close(pipe_fds[0]);
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  int status = 0;
-  waitpid(pid, &status, 0);
-  const bool died = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  expect(
-      died && text.find(needle) != std::string::npos,
-      what + (died ? "" : " (it did not die)") + (text.empty() ? "" : ": " + text.substr(0, 160)));
-}
+using mpt::cudaemu::check::expect;
+using mpt::cudaemu::check::expect_death;
 
 // A block's sum through shared memory and a barrier, then warp shuffles: both must see every
 // thread's value, whichever order the emulator runs them in.
@@ -331,6 +300,5 @@ int main() {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
   check_deferred_streams();
-  std::printf("%d passed, %d failed\n", passed, failed);
-  return failed == 0 ? 0 : 1;
+  return mpt::cudaemu::check::report();
 }
