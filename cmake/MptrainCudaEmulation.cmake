@@ -5,7 +5,9 @@
 # the cuda paths of nn, amp and optim, and the device tests run on a machine without a GPU.
 # Where the toolkit has cudnn.h, the emulator's cuDNN (tests/cudaemu/cudnn.cpp) stands in for
 # the library, so the conv and pooling layers take their cuDNN path (MPTRAIN_HAVE_CUDNN), as
-# on a GPU machine, and MPTRAIN_CUDA_CONV=im2col still selects their own kernels. No NCCL.
+# on a GPU machine, and MPTRAIN_CUDA_CONV=im2col still selects their own kernels. Where it has
+# nccl.h, the emulator's NCCL (tests/cudaemu/nccl.cpp: the ranks' processes through shared
+# memory) lets src/comm build its nccl all-reduce backend.
 # The toolkit's headers give the types and the host halves of the 16-bit conversions.
 find_path(MPTRAIN_CUDA_INCLUDE_DIR cuda_runtime_api.h
           HINTS ENV CUDA_HOME ENV CUDA_PATH
@@ -16,14 +18,20 @@ if(NOT MPTRAIN_CUDA_INCLUDE_DIR OR NOT EXISTS "${MPTRAIN_CUDA_INCLUDE_DIR}/cubla
                       "cublasLt.h) (hint: install the toolkit, or set CUDA_HOME)")
 endif()
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
-find_path(MPTRAIN_CUDNN_INCLUDE_DIR cudnn.h
-          HINTS ${MPTRAIN_CUDA_INCLUDE_DIR} ENV CUDNN_ROOT
-          PATHS /usr/local/cuda /usr
-          PATH_SUFFIXES include)
-set(MPTRAIN_CUDAEMU_CUDNN OFF)
-if(MPTRAIN_CUDNN_INCLUDE_DIR)
-  set(MPTRAIN_CUDAEMU_CUDNN ON)
-endif()
+# MPTRAIN_CUDAEMU_<NAME> is ON where the toolkit (or $<NAME>_ROOT) has HEADER: that library is
+# emulated too; MPTRAIN_<NAME>_INCLUDE_DIR is where the header is.
+macro(mpt_cudaemu_library name header)
+  find_path(MPTRAIN_${name}_INCLUDE_DIR ${header}
+            HINTS ${MPTRAIN_CUDA_INCLUDE_DIR} ENV ${name}_ROOT
+            PATHS /usr/local/cuda /usr
+            PATH_SUFFIXES include)
+  set(MPTRAIN_CUDAEMU_${name} OFF)
+  if(MPTRAIN_${name}_INCLUDE_DIR)
+    set(MPTRAIN_CUDAEMU_${name} ON)
+  endif()
+endmacro()
+mpt_cudaemu_library(CUDNN cudnn.h)
+mpt_cudaemu_library(NCCL nccl.h)
 
 add_library(mpt_cudaemu STATIC
   ${PROJECT_SOURCE_DIR}/tests/cudaemu/runtime.cpp
@@ -37,6 +45,13 @@ if(MPTRAIN_CUDAEMU_CUDNN)
   target_sources(mpt_cudaemu PRIVATE ${PROJECT_SOURCE_DIR}/tests/cudaemu/cudnn.cpp)
   target_include_directories(mpt_cudaemu SYSTEM PUBLIC ${MPTRAIN_CUDNN_INCLUDE_DIR})
 endif()
+if(MPTRAIN_CUDAEMU_NCCL)
+  target_sources(mpt_cudaemu PRIVATE ${PROJECT_SOURCE_DIR}/tests/cudaemu/nccl.cpp)
+  target_include_directories(mpt_cudaemu SYSTEM PUBLIC ${MPTRAIN_NCCL_INCLUDE_DIR})
+  # src/comm builds its nccl backend against it, as against NCCL (NCCL_FOUND, NCCL::nccl).
+  add_library(NCCL::nccl ALIAS mpt_cudaemu)
+  set(NCCL_FOUND TRUE)
+endif()
 # Under the names the rest of the build links (src/core: CUDA::cudart; kernels: mpt_cuda_libs).
 add_library(CUDA::cudart ALIAS mpt_cudaemu)
 add_library(mpt_cuda_libs INTERFACE)
@@ -44,7 +59,8 @@ target_link_libraries(mpt_cuda_libs INTERFACE mpt_cudaemu)
 if(MPTRAIN_CUDAEMU_CUDNN)
   target_compile_definitions(mpt_cuda_libs INTERFACE MPTRAIN_HAVE_CUDNN=1)
 endif()
-message(STATUS "mptrain: CUDA emulation, cuDNN emulated=${MPTRAIN_CUDAEMU_CUDNN}")
+message(STATUS "mptrain: CUDA emulation, cuDNN emulated=${MPTRAIN_CUDAEMU_CUDNN}, "
+               "NCCL emulated=${MPTRAIN_CUDAEMU_NCCL}")
 
 set(MPTRAIN_CUDAEMU_DIR ${PROJECT_BINARY_DIR}/cudaemu)
 set(_mpt_rewrite ${PROJECT_SOURCE_DIR}/tests/cudaemu/rewrite_launches.py)

@@ -5,8 +5,9 @@
 # order, 16 bits to their rounding); --cuda.graphs must replay the eager step exactly; two
 # ranks on cuda stage their gradients through pinned memory; no step may allocate; the device
 # map names cuda; convolutions take cuDNN (the emulator's, tests/cudaemu/cudnn.cpp) unless
-# MPTRAIN_CUDA_CONV=im2col. What the emulator cannot show (speed, truly concurrent streams,
-# cuDNN's own kernels, NCCL) stays perf/gpu_check.sh's.
+# MPTRAIN_CUDA_CONV=im2col; the nccl backend runs on the emulator's NCCL (tests/cudaemu/nccl.cpp).
+# What the emulator cannot show (speed, truly concurrent streams, cuDNN's and NCCL's own
+# kernels and transports) stays perf/gpu_check.sh's.
 source "$(dirname "$0")/common.sh"
 
 # Deferred streams (tests/cudaemu/runtime.cpp, the default; set here so that this test keeps
@@ -113,13 +114,33 @@ train cnn-cpu 1 "${cnn[@]}" --device=cpu && train cnn-cuda 1 "${cnn[@]}" --devic
 export MPTRAIN_CUDAEMU_DEVICES=2
 np2=(--model.name=mlp --train.max-steps=6 --train.batch-size=32 --train.precision=bf16 --comm.bucket-mb=1
      --comm.overlap=on)
-train np2-cpu 2 "${np2[@]}" --device=cpu && train np2-cuda 2 "${np2[@]}" --device=cuda && {
+# (--comm.intra=shm: where NCCL is built, auto would take it; the nccl runs follow.)
+train np2-cpu 2 "${np2[@]}" --device=cpu && train np2-cuda 2 "${np2[@]}" --device=cuda --comm.intra=shm && {
   on_cuda np2-cuda
   grep -q "^device: rank 0 -> .*:cuda:0, rank 1 -> .*:cuda:1" "$TMP/np2-cuda.log" &&
     pass "np2-cuda: rank 1 on cuda:1" || fail "np2-cuda: rank 1 not on cuda:1"
   [ "$(summary np2-cuda gradient_path)" = staged ] && pass "np2-cuda: gradients staged" ||
     fail "np2-cuda: gradient_path $(summary np2-cuda gradient_path), expected staged"
   same_losses np2-cpu np2-cuda 2e-2
+  # The nccl backend (the emulator's NCCL joins the two ranks' processes): hierarchical with
+  # NCCL inside the node, flat NCCL, and two emulated nodes of one rank (NCCL inside each,
+  # MPI between them through pinned memory). The gradients stay on the device ("device" path),
+  # bucket by bucket on the comm stream, overlapping backward.
+  if [ "${MPT_CUDAEMU_NCCL:-}" = ON ]; then
+    for variant in "intra --comm.intra=nccl" "flat --comm.allreduce=flat-nccl" \
+                   "nodes --comm.intra=nccl --comm.ranks-per-node=1"; do
+      set -- $variant
+      name=np2-nccl-$1; shift
+      train "$name" 2 "${np2[@]}" --device=cuda "$@" && {
+        [ "$(summary "$name" gradient_path)" = device ] && pass "$name: gradients reduced on the device" ||
+          fail "$name: gradient_path $(summary "$name" gradient_path), expected device"
+        same_losses np2-cpu "$name" 2e-2
+        same_losses np2-cuda "$name" 2e-2
+      }
+    done
+  else
+    echo "note: NCCL is not emulated in this build (no nccl.h): the nccl runs are skipped"
+  fi
 }
 unset MPTRAIN_CUDAEMU_DEVICES
 

@@ -723,6 +723,34 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device) {
   prop->pciBusID = device;
   return cudaSuccess;
 }
+// The device's PCI address, the same for a device index in every process on this host (as a
+// GPU's is), so that ranks that chose the same device see that they share it.
+cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int length, int device) {
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  if (bus_id == nullptr || length < 13) return fail(cudaErrorInvalidValue);
+  std::snprintf(bus_id, static_cast<std::size_t>(length), "0000:%02x:00.0", device + 1);
+  return cudaSuccess;
+}
+// Device memory (cudaMalloc), pinned host memory (cudaHostAlloc) or other host memory.
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attributes,
+                                     const void* pointer) {
+  if (attributes == nullptr) return fail(cudaErrorInvalidValue);
+  *attributes = cudaPointerAttributes{};
+  if (const int owner = device_of(pointer); owner >= 0) {
+    attributes->type = cudaMemoryTypeDevice;
+    attributes->device = owner;
+    attributes->devicePointer = const_cast<void*>(pointer);
+  } else if (is_pinned(pointer)) {
+    attributes->type = cudaMemoryTypeHost;
+    attributes->device = current_device;
+    attributes->devicePointer = const_cast<void*>(pointer);
+    attributes->hostPointer = const_cast<void*>(pointer);
+  } else {
+    attributes->type = cudaMemoryTypeUnregistered;
+    attributes->device = -2;
+  }
+  return cudaSuccess;
+}
 cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int device) {
   if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   switch (attr) {
