@@ -13,7 +13,8 @@ source "$(dirname "$0")/common.sh"
 # Deferred streams (tests/cudaemu/runtime.cpp, the default; set here so that this test keeps
 # running in it whatever the default becomes): the compute, copy and comm streams' work runs
 # only when an event wait or a host synchronisation needs it, so a missing wait reads stale
-# memory and changes the losses. MPTRAIN_CUDAEMU_STREAMS=eager, given, is kept for comparison.
+# memory and changes the losses. MPTRAIN_CUDAEMU_STREAMS=early or eager, given, is kept (ctest
+# trainer_cuda_emu_early runs this script in early mode).
 export MPTRAIN_CUDAEMU_STREAMS=${MPTRAIN_CUDAEMU_STREAMS:-deferred}
 
 "$MPTRAIN" prepare synthetic --out "$TMP/data" --train-samples 1024 --test-samples 256 >/dev/null

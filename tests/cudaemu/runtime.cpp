@@ -7,8 +7,9 @@
 // as tracked host allocations, launch configuration limits, CUDA's sticky-free launch errors,
 // stream capture (ThreadLocal mode) into graphs that replay the recorded work with the
 // parameters of the capture, the calls a capture refuses, and streams as queues whose work runs
-// as late as CUDA allows (deferred mode, the default: "stream queues" below), so that a missing
-// event or stream wait reads stale memory. What it does not: concurrency (queued work runs one
+// as late as CUDA allows (deferred mode, the default: "stream queues" below; or early, with
+// non-blocking streams' work run as soon as it may), so that a missing event or stream wait
+// reads stale memory. What it does not: concurrency (queued work runs one
 // item at a time, under one lock), timing and the memory model. It checks what it can see: a
 // copy or memset whose device side is not device memory, a kernel pointer parameter that points
 // to neither device nor pinned memory, a barrier or shuffle that not every thread reaches, and
@@ -216,17 +217,25 @@ cudaError_t refuse_if_capturing_thread() {
 // before. Eager mode (MPTRAIN_CUDAEMU_STREAMS=eager) runs every queued item at once, in call
 // order, as the emulator did before it had queues.
 
-bool deferred_streams() {
-  static const bool deferred = [] {
+// The schedules: eager (every item at the call), deferred (every stream as late as allowed) and
+// early (blocking and legacy streams as late as allowed; a cudaStreamNonBlocking stream's item
+// at the call when what it waits for has run, as a GPU's idle copy or NCCL engine starts it at
+// once). Deferred shows a reader that runs late without waiting for its writer; early shows a
+// side stream that runs ahead of the compute stream it did not wait for.
+enum class Schedule { eager, deferred, early };
+Schedule schedule() {
+  static const Schedule chosen = [] {
     const char* value = std::getenv("MPTRAIN_CUDAEMU_STREAMS");
-    if (value == nullptr || std::string(value).empty() || std::string(value) == "deferred")
-      return true;
-    if (std::string(value) == "eager") return false;
-    fatal(std::string("MPTRAIN_CUDAEMU_STREAMS='") + value +
-          "' is neither 'deferred' nor 'eager' (hint: unset it for deferred, the default)");
+    const std::string text = value == nullptr ? "" : value;
+    if (text.empty() || text == "deferred") return Schedule::deferred;
+    if (text == "eager") return Schedule::eager;
+    if (text == "early") return Schedule::early;
+    fatal("MPTRAIN_CUDAEMU_STREAMS='" + text +
+          "' is not 'deferred', 'early' or 'eager' (hint: unset it for deferred, the default)");
   }();
-  return deferred;
+  return chosen;
 }
+bool deferred_streams() { return schedule() != Schedule::eager; }
 
 // Every queue, per device, and the legacy stream's of each; guarded by queue_mutex, as is all
 // queued work while it runs. Recursive: running an item first runs what it waits for.
@@ -325,7 +334,18 @@ void push(cudaStream_t stream, std::function<void()> work, std::vector<QueuePoin
   queue->items.push_back(QueuedWork{std::move(work), current_device, std::move(after)});
   ++queue->queued;
   if (end != nullptr) *end = end_of(queue);
-  if (!deferred_streams()) run_until(end_of(queue));
+  if (!deferred_streams()) {
+    run_until(end_of(queue));
+  } else if (schedule() == Schedule::early && !queue->blocking && !queue->running) {
+    // Its items whose waits are met, in order; the first that waits for unrun work stops it.
+    while (!queue->items.empty()) {
+      bool ready = true;
+      for (const QueuePoint& point : queue->items.front().after)
+        ready = ready && point.queue->done >= point.count;
+      if (!ready) break;
+      run_front(*queue);
+    }
+  }
 }
 
 // Queues or records WORK on STREAM (see push); *END is left alone when the work is captured.
