@@ -438,10 +438,11 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int 
   for (int a = 0; a < nranks; ++a)
     for (int b = a + 1; b < nranks; ++b)
       if (comm->shared->device[a] == comm->shared->device[b]) {
+        const std::string why = "Duplicate GPU detected: rank " + std::to_string(a) +
+                                " and rank " + std::to_string(b) + " both on device " +
+                                std::to_string(comm->shared->device[a]);
         munmap(comm->shared, comm->bytes);
-        return failure(ncclInvalidUsage, "Duplicate GPU detected: rank " + std::to_string(a) +
-                                             " and rank " + std::to_string(b) + " both on device " +
-                                             std::to_string(comm->shared->device[a]));
+        return failure(ncclInvalidUsage, why);
       }
   *out = comm.release();
   return ncclSuccess;
