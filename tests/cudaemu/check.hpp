@@ -1,14 +1,17 @@
 // The emulator's self-tests' checks (selftest.cu, cudnn_selftest.cpp): a line per check, "ok"
 // or "FAIL", counted; and a check that a body ends the process with a given line on stderr.
-// Not Harness (tests/gpu): that expects abort_job's exit status, and the emulator aborts.
+// Not Harness (tests/gpu): that expects abort_job's exit status, and the emulator aborts. And
+// f32 values to and from device memory.
 #pragma once
 
+#include <cuda_runtime_api.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace mpt::cudaemu::check {
 
@@ -44,6 +47,21 @@ void expect_death(const std::string& what, const char* needle, Body body) {
   expect(
       died && text.find(needle) != std::string::npos,
       what + (died ? "" : " (it did not die)") + (text.empty() ? "" : ": " + text.substr(0, 160)));
+}
+
+// VALUES in a new device allocation (on the current device).
+inline float* device_floats(const std::vector<float>& values) {
+  float* p = nullptr;
+  if (cudaMalloc(reinterpret_cast<void**>(&p), values.size() * sizeof(float)) != cudaSuccess)
+    std::abort();
+  cudaMemcpy(p, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice);
+  return p;
+}
+// N floats from device memory at P.
+inline std::vector<float> host_floats(const float* p, std::size_t n) {
+  std::vector<float> out(n);
+  cudaMemcpy(out.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost);
+  return out;
 }
 
 // "N passed, N failed", and the exit status: 0 when none failed.

@@ -22,21 +22,10 @@
 
 namespace {
 
+using mpt::cudaemu::check::device_floats;
 using mpt::cudaemu::check::expect;
 using mpt::cudaemu::check::expect_death;
-
-float* device_floats(const std::vector<float>& values) {
-  float* p = nullptr;
-  if (cudaMalloc(reinterpret_cast<void**>(&p), values.size() * sizeof(float)) != cudaSuccess)
-    std::abort();
-  cudaMemcpy(p, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice);
-  return p;
-}
-std::vector<float> host_floats(const float* p, std::size_t n) {
-  std::vector<float> out(n);
-  cudaMemcpy(out.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost);
-  return out;
-}
+using mpt::cudaemu::check::host_floats;
 
 cudnnTensorDescriptor_t tensor(int n, int c, int h, int w) {
   cudnnTensorDescriptor_t d = nullptr;

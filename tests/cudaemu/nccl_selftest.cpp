@@ -20,7 +20,9 @@
 
 namespace {
 
+using mpt::cudaemu::check::device_floats;
 using mpt::cudaemu::check::expect;
+using mpt::cudaemu::check::host_floats;
 
 int rank = 0, size = 1;
 
@@ -36,18 +38,6 @@ ncclUniqueId shared_id() {
   if (rank == 0) ncclGetUniqueId(&id);
   MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
   return id;
-}
-
-float* device_floats(const std::vector<float>& values) {
-  float* p = nullptr;
-  cudaMalloc(reinterpret_cast<void**>(&p), values.size() * sizeof(float));
-  cudaMemcpy(p, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice);
-  return p;
-}
-std::vector<float> host_floats(const float* p, std::size_t n) {
-  std::vector<float> out(n);
-  cudaMemcpy(out.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost);
-  return out;
 }
 
 }  // namespace
