@@ -199,10 +199,56 @@ void check_deferred_streams() {
   cudaFree(read);
 }
 
+// Early side streams (MPTRAIN_CUDAEMU_STREAMS=early, `cudaemu_selftest --early`): blocking
+// streams stay deferred; a non-blocking stream's work runs at the call once what it waits for
+// has run, so a side stream that does not wait for the compute stream runs ahead of it.
+int check_early_streams() {
+  constexpr int n = 64;
+  int *written = nullptr, *read = nullptr;
+  cudaMalloc(reinterpret_cast<void**>(&written), n * sizeof(int));
+  cudaMalloc(reinterpret_cast<void**>(&read), n * sizeof(int));
+  cudaStream_t compute = nullptr, side = nullptr;
+  cudaStreamCreate(&compute);  // blocking, as kernels/cuda/runtime.cu makes the compute stream
+  cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+  cudaEvent_t event = nullptr;
+  cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  const auto reset = [&] {
+    fill<<<1, 64>>>(written, n, 1);
+    fill<<<1, 64>>>(read, n, 0);
+    cudaDeviceSynchronize();
+  };
+  // Device memory is host memory here: read directly, it shows what has run so far.
+  reset();
+  fill<<<1, 64, 0, compute>>>(written, n, 2);
+  expect(written[0] == 1, "early: a blocking stream's work stays queued");
+  copy_values<<<1, 64, 0, side>>>(written, read, n);
+  expect(read[0] == 1, "early: a side stream that does not wait copies at the call, the old value");
+  cudaDeviceSynchronize();
+  expect(written[0] == 2 && read[0] == 1, "early: ... and the compute stream's write lands later");
+
+  reset();
+  fill<<<1, 64, 0, compute>>>(written, n, 2);
+  cudaEventRecord(event, compute);
+  cudaStreamWaitEvent(side, event, 0);
+  copy_values<<<1, 64, 0, side>>>(written, read, n);
+  expect(read[0] == 0, "early: a side stream that waits for unrun work stays queued");
+  cudaStreamSynchronize(side);
+  expect(read[0] == 2, "early: with the wait it copies the new value");
+
+  reset();
+  copy_values<<<1, 64, 0, side>>>(written, read, n);
+  expect(read[0] == 1, "early: a side stream with nothing to wait for runs at the call");
+  return mpt::cudaemu::check::report();
+}
+
 }  // namespace
 
-int main() {
-  setenv("MPTRAIN_CUDAEMU_DEVICES", "2", 1);         // two devices, for the cross-device checks
+int main(int argc, char** argv) {
+  setenv("MPTRAIN_CUDAEMU_DEVICES", "2", 1);  // two devices, for the cross-device checks
+  if (argc > 1 && std::strcmp(argv[1], "--early") == 0) {
+    setenv("MPTRAIN_CUDAEMU_STREAMS", "early", 1);
+    return check_early_streams();
+  }
   setenv("MPTRAIN_CUDAEMU_STREAMS", "deferred", 1);  // the checks of stale reads need it
   constexpr int n = 10000, blocks = 7;
   std::vector<int> host(n);
