@@ -615,8 +615,6 @@ std::int64_t argmax(const std::vector<float>& x, const std::vector<std::int64_t>
 
 extern "C" {
 
-size_t cudnnGetVersion(void) { return CUDNN_VERSION; }
-
 const char* cudnnGetErrorString(cudnnStatus_t status) {
   switch (status) {
     case CUDNN_STATUS_SUCCESS:
@@ -639,7 +637,6 @@ cudnnStatus_t cudnnCreate(cudnnHandle_t* handle) {
   if (status == CUDNN_STATUS_SUCCESS) (*handle)->device = mpt::cudaemu::current_device_index();
   return status;
 }
-cudnnStatus_t cudnnDestroy(cudnnHandle_t handle) { return destroy(handle); }
 
 // A stream of another device than the handle's is refused, as cuDNN refuses it.
 cudnnStatus_t cudnnSetStream(cudnnHandle_t handle, cudaStream_t stream) {

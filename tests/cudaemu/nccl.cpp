@@ -356,12 +356,6 @@ thread_local int group_depth = 0;
 
 extern "C" {
 
-ncclResult_t ncclGetVersion(int* version) {
-  if (version == nullptr) return ncclInvalidArgument;
-  *version = NCCL_VERSION_CODE;
-  return ncclSuccess;
-}
-
 const char* ncclGetErrorString(ncclResult_t result) {
   switch (result) {
     case ncclSuccess:
@@ -438,8 +432,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int 
   for (int a = 0; a < nranks; ++a)
     for (int b = a + 1; b < nranks; ++b)
       if (comm->shared->device[a] == comm->shared->device[b]) {
-        const std::string why = "Duplicate GPU detected: rank " + std::to_string(a) +
-                                " and rank " + std::to_string(b) + " both on device " +
+        const std::string why = "Duplicate GPU detected: rank " + std::to_string(a) + " and rank " +
+                                std::to_string(b) + " both on device " +
                                 std::to_string(comm->shared->device[a]);
         munmap(comm->shared, comm->bytes);
         return failure(ncclInvalidUsage, why);
@@ -470,22 +464,6 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* error) {
   if (comm == nullptr || error == nullptr) return ncclInvalidArgument;
   *error = static_cast<ncclResult_t>(comm->async_error.load());
-  return ncclSuccess;
-}
-
-ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
-  if (comm == nullptr || count == nullptr) return ncclInvalidArgument;
-  *count = comm->nranks;
-  return ncclSuccess;
-}
-ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
-  if (comm == nullptr || rank == nullptr) return ncclInvalidArgument;
-  *rank = comm->rank;
-  return ncclSuccess;
-}
-ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
-  if (comm == nullptr || device == nullptr) return ncclInvalidArgument;
-  *device = comm->device;
   return ncclSuccess;
 }
 

@@ -71,24 +71,37 @@ int read_first(const int* device_values) {
   return value;
 }
 
+// Two device buffers for the stream-order checks, WRITTEN (reset to 1) and READ (reset to 0),
+// and an event.
+struct OrderBuffers {
+  static constexpr int n = 64;
+  int* written = nullptr;
+  int* read = nullptr;
+  cudaEvent_t event = nullptr;
+  OrderBuffers() {
+    cudaMalloc(reinterpret_cast<void**>(&written), n * sizeof(int));
+    cudaMalloc(reinterpret_cast<void**>(&read), n * sizeof(int));
+    cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  }
+  void reset() {
+    fill<<<1, 64>>>(written, n, 1);
+    fill<<<1, 64>>>(read, n, 0);
+    cudaDeviceSynchronize();
+  }
+};
+
 // Deferred streams: work runs as late as CUDA allows, so that a reader that does not wait for
 // its writer (another stream, or the host) reads what was there before.
 void check_deferred_streams() {
-  constexpr int n = 64;
-  int *written = nullptr, *read = nullptr;
-  cudaMalloc(reinterpret_cast<void**>(&written), n * sizeof(int));
-  cudaMalloc(reinterpret_cast<void**>(&read), n * sizeof(int));
+  OrderBuffers buffers;
+  constexpr int n = OrderBuffers::n;
+  int *written = buffers.written, *read = buffers.read;
+  cudaEvent_t event = buffers.event;
+  const auto reset = [&] { buffers.reset(); };
   cudaStream_t a = nullptr, b = nullptr, blocking = nullptr;
   cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
   cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
   cudaStreamCreate(&blocking);
-  cudaEvent_t event = nullptr;
-  cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-  const auto reset = [&] {
-    fill<<<1, 64>>>(written, n, 1);
-    fill<<<1, 64>>>(read, n, 0);
-    cudaDeviceSynchronize();
-  };
 
   // (a) Stream b reads what stream a writes, without waiting for it.
   reset();
@@ -203,20 +216,14 @@ void check_deferred_streams() {
 // streams stay deferred; a non-blocking stream's work runs at the call once what it waits for
 // has run, so a side stream that does not wait for the compute stream runs ahead of it.
 int check_early_streams() {
-  constexpr int n = 64;
-  int *written = nullptr, *read = nullptr;
-  cudaMalloc(reinterpret_cast<void**>(&written), n * sizeof(int));
-  cudaMalloc(reinterpret_cast<void**>(&read), n * sizeof(int));
+  OrderBuffers buffers;
+  constexpr int n = OrderBuffers::n;
+  int *written = buffers.written, *read = buffers.read;
+  cudaEvent_t event = buffers.event;
+  const auto reset = [&] { buffers.reset(); };
   cudaStream_t compute = nullptr, side = nullptr;
   cudaStreamCreate(&compute);  // blocking, as kernels/cuda/runtime.cu makes the compute stream
   cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
-  cudaEvent_t event = nullptr;
-  cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-  const auto reset = [&] {
-    fill<<<1, 64>>>(written, n, 1);
-    fill<<<1, 64>>>(read, n, 0);
-    cudaDeviceSynchronize();
-  };
   // Device memory is host memory here: read directly, it shows what has run so far.
   reset();
   fill<<<1, 64, 0, compute>>>(written, n, 2);
