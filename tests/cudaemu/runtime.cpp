@@ -14,6 +14,7 @@
 // copy or memset whose device side is not device memory, a kernel pointer parameter that points
 // to neither device nor pinned memory, a barrier or shuffle that not every thread reaches, and
 // it names the kernel and block.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +27,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define MPT_CUDAEMU_RUNTIME
 #include <cuda_profiler_api.h>
@@ -46,6 +50,7 @@ struct QueuedWork {
   std::function<void()> work;
   int device = 0;                 // current on the queuing thread: the work runs on it
   std::vector<QueuePoint> after;  // what must have run first (an event wait, the legacy order)
+  std::chrono::steady_clock::time_point queued_at;  // for the host-wait log
 };
 struct Queue {
   int device = 0;
@@ -331,7 +336,8 @@ void push(cudaStream_t stream, std::function<void()> work, std::vector<QueuePoin
     const std::shared_ptr<Queue>& legacy = legacy_queue(queue->device);
     if (pending(*legacy)) after.push_back(end_of(legacy));
   }
-  queue->items.push_back(QueuedWork{std::move(work), current_device, std::move(after)});
+  queue->items.push_back(QueuedWork{std::move(work), current_device, std::move(after),
+                                    std::chrono::steady_clock::now()});
   ++queue->queued;
   if (end != nullptr) *end = end_of(queue);
   if (!deferred_streams()) {
@@ -356,10 +362,87 @@ cudaError_t enqueue(cudaStream_t stream, std::function<void()> work,
   return result == cudaSuccess ? cudaSuccess : fail(result);
 }
 
-// Runs STREAM's queue to its end (a host synchronisation with it).
-void run_stream(cudaStream_t stream) {
+// ---- the host-wait log ----------------------------------------------------------------------
+//
+// MPTRAIN_CUDAEMU_WAIT_LOG=PREFIX: every host call that must wait for queued work that has not
+// run (a synchronisation, a query that finds work pending, a synchronous copy, cudaFree) appends
+// a line to PREFIX.PID:
+//   CALL TID MAIN AT_NS QUEUED_NS
+// TID is the calling thread (MAIN 1 when it is the process's first thread), AT_NS the call's
+// and QUEUED_NS the newest awaited item's queueing time, both steady-clock nanoseconds (Linux's
+// CLOCK_MONOTONIC, which every process of the host shares). The first line names the process:
+//   # cudaemu host waits pid PID rank RANK (OMPI_COMM_WORLD_RANK, or -1).
+// A GPU would not have waited for work it had already done, and the emulator runs work late:
+// what the log shows is that the host asked for work queued at QUEUED_NS, which a GPU may not
+// have reached yet. Tests compare it with the trainer's step spans (--output.timeline): a
+// step that waits for its own work leaves the GPU nothing queued while the host catches up.
+
+std::int64_t steady_ns(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+std::FILE* wait_log() {
+  static std::FILE* const file = []() -> std::FILE* {
+    const char* prefix = std::getenv("MPTRAIN_CUDAEMU_WAIT_LOG");
+    if (prefix == nullptr || *prefix == '\0') return nullptr;
+    const std::string path = std::string(prefix) + "." + std::to_string(getpid());
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    if (f == nullptr) fatal("MPTRAIN_CUDAEMU_WAIT_LOG: cannot write '" + path + "'");
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    std::fprintf(f, "# cudaemu host waits pid %d rank %s\n", static_cast<int>(getpid()),
+                 rank != nullptr && *rank != '\0' ? rank : "-1");
+    std::fflush(f);
+    return f;
+  }();
+  return file;
+}
+
+// When POINT's work has not all run: the queueing time of its last item (what the host waits
+// for: the items before it were queued earlier, and what they wait for earlier still).
+bool awaited(const QueuePoint& point, std::chrono::steady_clock::time_point& queued_at) {
+  if (!point.queue) return false;
+  const Queue& queue = *point.queue;
+  // A running item is the calling thread's own (queue_mutex is held): not a host wait.
+  if (queue.running || queue.done >= point.count) return false;
+  queued_at = queue.items[static_cast<std::size_t>(point.count - 1 - queue.done)].queued_at;
+  return true;
+}
+
+// Logs CALL's wait for POINTS (queue_mutex held), when the log is on and any is pending.
+void log_wait(const char* call, const std::vector<QueuePoint>& points) {
+  std::FILE* const file = wait_log();
+  if (file == nullptr) return;
+  bool any = false;
+  std::chrono::steady_clock::time_point newest{};
+  for (const QueuePoint& point : points) {
+    std::chrono::steady_clock::time_point queued_at;
+    if (!awaited(point, queued_at)) continue;
+    newest = any ? std::max(newest, queued_at) : queued_at;
+    any = true;
+  }
+  if (!any) return;
+  const auto tid = static_cast<long>(syscall(SYS_gettid));
+  std::fprintf(file, "%s %ld %d %lld %lld\n", call, tid, tid == getpid() ? 1 : 0,
+               static_cast<long long>(steady_ns(std::chrono::steady_clock::now())),
+               static_cast<long long>(steady_ns(newest)));
+  std::fflush(file);
+}
+
+// Every queue's end on DEVICE (-1: every device), for the calls that synchronise all of it.
+std::vector<QueuePoint> device_ends(int device) {
+  std::vector<QueuePoint> points;
+  for (const auto& [index, queues] : device_queues())
+    if (device < 0 || index == device)
+      for (const auto& queue : queues) points.push_back(end_of(queue));
+  return points;
+}
+
+// Runs STREAM's queue to its end (a host synchronisation with it, logged as CALL).
+void run_stream(const char* call, cudaStream_t stream) {
   const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
-  run_until(end_of(queue_of(stream)));
+  const QueuePoint end = end_of(queue_of(stream));
+  log_wait(call, {end});
+  run_until(end);
 }
 
 // ---- kernels --------------------------------------------------------------------------------
@@ -801,6 +884,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
 cudaError_t cudaDeviceSynchronize(void) {
   if (refuse_if_capturing_thread() != cudaSuccess) return fail(cudaErrorStreamCaptureUnsupported);
   const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  log_wait("cudaDeviceSynchronize", device_ends(current_device));
   run_device(current_device);
   return cudaSuccess;
 }
@@ -826,6 +910,7 @@ cudaError_t cudaFree(void* pointer) {
     // cudaFree synchronises the device: queued work may still use the memory.
     const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
     const int owner = device_of(pointer);
+    log_wait("cudaFree", device_ends(owner < 0 ? current_device : owner));
     run_device(owner < 0 ? current_device : owner);
   }
   Allocations& a = allocations();
@@ -853,6 +938,7 @@ cudaError_t cudaFreeHost(void* pointer) {
   {
     // Synchronises as cudaFree does; any device's queued copy may use pinned memory.
     const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+    log_wait("cudaFreeHost", device_ends(-1));
     run_every_device();
   }
   Allocations& a = allocations();
@@ -901,11 +987,20 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpy
   if (!copy_sides_ok(dst, src, count, kind)) return fail(cudaErrorInvalidValue);
   if (count == 0) return cudaSuccess;
   const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  // What the copy waits for: the legacy stream's queued work and, through it, every blocking
+  // stream's (the copy itself, queued now, is no wait for earlier work).
+  const std::vector<QueuePoint> before = device_ends(current_device);
   QueuePoint end;
   const cudaError_t status = enqueue(
       cudaStreamLegacy, [=] { std::memcpy(dst, src, count); }, {}, &end);
   const bool device_to_device = is_device(dst, 1) && is_device(src, 1);
-  if (status == cudaSuccess && !device_to_device) run_until(end);
+  if (status == cudaSuccess && !device_to_device) {
+    std::vector<QueuePoint> awaited_points;
+    for (const QueuePoint& point : before)
+      if (point.queue->legacy || point.queue->blocking) awaited_points.push_back(point);
+    log_wait("cudaMemcpy", awaited_points);
+    run_until(end);
+  }
   return status;
 }
 cudaError_t cudaMemsetAsync(void* pointer, int value, size_t count, cudaStream_t stream) {
@@ -948,7 +1043,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
       return fail(cudaErrorStreamCaptureUnsupported);
     }
   }
-  run_stream(stream);
+  run_stream("cudaStreamSynchronize", stream);
   return cudaSuccess;
 }
 // cudaErrorNotReady while work is queued; that work then runs, as a device would go on with
@@ -957,6 +1052,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
   const std::shared_ptr<Queue> queue = queue_of(stream);
   if (!pending(*queue)) return cudaSuccess;
+  log_wait("cudaStreamQuery", {end_of(queue)});
   run_until(end_of(queue));
   return cudaErrorNotReady;
 }
@@ -1057,7 +1153,10 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
   const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
-  if (event->point.queue) run_until(event->point);
+  if (event->point.queue) {
+    log_wait("cudaEventSynchronize", {event->point});
+    run_until(event->point);
+  }
   return cudaSuccess;
 }
 // As cudaStreamQuery: cudaErrorNotReady while the recording stream has not reached the event,
@@ -1066,6 +1165,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
   const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
   if (!event->point.queue || event->point.queue->done >= event->point.count) return cudaSuccess;
+  log_wait("cudaEventQuery", {event->point});
   run_until(event->point);
   return cudaErrorNotReady;
 }

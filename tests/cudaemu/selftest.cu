@@ -6,10 +6,12 @@
 // does not wait for its writer reads stale memory). Compiled through
 // rewrite_launches.py like kernels/cuda, in the cuda-emu build only. Ends with
 // "N passed, N failed".
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/cudaemu/check.hpp"
@@ -248,10 +250,91 @@ int check_early_streams() {
   return mpt::cudaemu::check::report();
 }
 
+// The host-wait log (`cudaemu_selftest --wait-log PREFIX`, MPTRAIN_CUDAEMU_WAIT_LOG=PREFIX set
+// before the first call): one line per host call that waits for work not run yet, naming the
+// newest awaited item's queueing time, not the newest queued one; none for a call with nothing
+// to wait for.
+struct WaitLine {
+  std::string call;
+  int main_thread = 0;
+  long long at = 0, queued = 0;
+};
+std::vector<WaitLine> read_wait_log(const std::string& prefix) {
+  std::vector<WaitLine> lines;
+  std::FILE* file = std::fopen((prefix + "." + std::to_string(getpid())).c_str(), "r");
+  if (file == nullptr) return lines;
+  char text[256];
+  while (std::fgets(text, sizeof text, file) != nullptr) {
+    if (text[0] == '#') continue;
+    char call[64];
+    long tid = 0;
+    WaitLine line;
+    if (std::sscanf(text, "%63s %ld %d %lld %lld", call, &tid, &line.main_thread, &line.at,
+                    &line.queued) == 5) {
+      line.call = call;
+      lines.push_back(line);
+    }
+  }
+  std::fclose(file);
+  return lines;
+}
+
+long long now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int check_wait_log(const std::string& prefix) {
+  OrderBuffers buffers;
+  constexpr int n = OrderBuffers::n;
+  cudaStream_t stream = nullptr;
+  cudaStreamCreate(&stream);
+  cudaDeviceSynchronize();  // the buffers' setup: whatever it logged is read past below
+  const std::size_t setup_lines = read_wait_log(prefix).size();
+
+  // Awaited: the first fill (queued in [t0, t1]), not the second, queued 20 ms later.
+  const long long t0 = now_ns();
+  fill<<<1, 64, 0, stream>>>(buffers.written, n, 2);
+  cudaEventRecord(buffers.event, stream);
+  const long long t1 = now_ns();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  fill<<<1, 64, 0, stream>>>(buffers.written, n, 3);
+  const long long t2 = now_ns();
+  cudaEventSynchronize(buffers.event);
+  cudaEventSynchronize(buffers.event);  // done by now: no wait, no line
+  std::thread([&] { cudaStreamSynchronize(stream); }).join();
+  cudaStreamSynchronize(stream);  // nothing left: no line
+
+  std::vector<WaitLine> lines = read_wait_log(prefix);
+  lines.erase(lines.begin(), lines.begin() + static_cast<std::ptrdiff_t>(setup_lines));
+  expect(lines.size() == 2, "wait log: 2 lines for 2 waits, none for 2 calls with nothing to "
+                            "wait for (" + std::to_string(lines.size()) + ")");
+  if (lines.size() == 2) {
+    const WaitLine& event = lines[0];
+    expect(event.call == "cudaEventSynchronize" && event.main_thread == 1,
+           "wait log: the event's wait, on the main thread (" + event.call + ")");
+    expect(event.queued >= t0 && event.queued <= t1 && event.at >= t2,
+           "wait log: it waited for work queued before the event, not for the later fill");
+    const WaitLine& stream_wait = lines[1];
+    expect(stream_wait.call == "cudaStreamSynchronize" && stream_wait.main_thread == 0,
+           "wait log: the stream's wait, on another thread (" + stream_wait.call + ")");
+    expect(stream_wait.queued >= t1 && stream_wait.queued <= t2,
+           "wait log: ... for the later fill");
+  }
+  cudaStreamDestroy(stream);
+  return mpt::cudaemu::check::report();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   setenv("MPTRAIN_CUDAEMU_DEVICES", "2", 1);  // two devices, for the cross-device checks
+  if (argc > 2 && std::strcmp(argv[1], "--wait-log") == 0) {
+    setenv("MPTRAIN_CUDAEMU_STREAMS", "deferred", 1);
+    setenv("MPTRAIN_CUDAEMU_WAIT_LOG", argv[2], 1);
+    return check_wait_log(argv[2]);
+  }
   if (argc > 1 && std::strcmp(argv[1], "--early") == 0) {
     setenv("MPTRAIN_CUDAEMU_STREAMS", "early", 1);
     return check_early_streams();
