@@ -24,6 +24,17 @@ Timeline::Timeline(const std::string& path, int rank, TimePoint origin)
                   rank_, tid, name);
     event(text);
   }
+  // Where ts 0 is on the steady clock (CLOCK_MONOTONIC on Linux, shared by the host's
+  // processes), so that other records of the run can be put on the same axis (the CUDA
+  // emulator's host-wait log, tests/cudaemu/runtime.cpp). Viewers ignore metadata they do not
+  // know.
+  std::snprintf(text, sizeof(text),
+                R"({"name":"clock_origin","ph":"M","pid":%d,"tid":0,"args":{"steady_clock_ns":%lld}})",
+                rank_,
+                static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                           origin_.time_since_epoch())
+                                           .count()));
+  event(text);
   flush();
 }
 

@@ -1,6 +1,7 @@
 // A Chrome-trace timeline per rank (issue #9, --output.timeline): complete events ("ph": "X")
 // in the JSON array format that chrome://tracing and Perfetto open, one process per rank, the
-// training thread and the communication thread as its two threads. Spans are buffered and
+// training thread and the communication thread as its two threads, and a "clock_origin"
+// metadata event giving ts 0 on the steady clock (nanoseconds). Spans are buffered and
 // written once per logging window; close() ends the array (a killed run leaves it open, which
 // both viewers accept).
 #pragma once

@@ -177,8 +177,10 @@ for rank in (0, 1):
     events = json.load(open(f"{out}/timeline-rank{rank}.json"))
     spans = [e for e in events if e["ph"] == "X"]
     assert all(e["pid"] == rank and e["dur"] >= 0 for e in spans)
-    names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] != "clock_origin"}
     assert names == {f"rank {rank}", "training", "communication"}, names
+    origin = [e["args"]["steady_clock_ns"] for e in events if e["name"] == "clock_origin"]
+    assert len(origin) == 1 and isinstance(origin[0], int) and origin[0] > 0, origin
     for phase in ["data_wait", "forward", "backward", "allreduce_wait", "optimizer"]:
         got = sorted(e["args"]["step"] for e in spans if e["name"] == phase and e["tid"] == 0)
         assert got == list(range(1, steps + 1)), (rank, phase, got)
