@@ -889,8 +889,10 @@ void Allreducer::allreduce_queued(int slot, void* data, std::int64_t count, DTyp
   queued_backend(impl_->nccl, "allreduce_queued").allreduce_queued(slot, data, count, dtype);
 }
 void Allreducer::join() { queued_backend(impl_->nccl, "join").join(); }
-void Allreducer::wait_mark(int slot) { queued_backend(impl_->nccl, "wait_mark").wait_mark(slot); }
-void Allreducer::finish() { queued_backend(impl_->nccl, "finish").finish(); }
+double Allreducer::finish(int keep) {
+  if (keep < 0 || keep > 1) abort_job("comm::Allreducer::finish: keeps 0 or 1 joins outstanding");
+  return queued_backend(impl_->nccl, "finish").finish(keep);
+}
 
 void Allreducer::set_device_backend(std::unique_ptr<detail::NcclAllreduce> backend) {
   if (!backend) abort_job("comm::Allreducer::set_device_backend: no backend");

@@ -154,17 +154,16 @@ class Allreducer {
   // waits for the device inside the step. SLOTS name the step's calls (plan once); mark(SLOT),
   // from the thread that queues the compute work, records where it is; allreduce_queued(SLOT,
   // ...) queues the call after that point and returns; join(), from the compute thread once
-  // every call is queued, makes later compute work wait for them on the device; wait_mark(SLOT)
-  // waits on the host for the compute work before SLOT's mark; finish(), any thread, waits for
-  // the calls on the host and reports NCCL's asynchronous errors (the contract of
-  // detail::NcclAllreduce). Abort unless queues().
+  // every call is queued, makes later compute work wait for them on the device; finish(KEEP),
+  // any thread, waits on the host until at most KEEP joins are outstanding, reports NCCL's
+  // asynchronous errors, and returns the seconds the compute stream waited for the calls (the
+  // contract of detail::NcclAllreduce). Abort unless queues().
   bool queues() const;
   void plan_slots(int slots, std::int64_t max_count, DType dtype);
   void mark(int slot);
   void allreduce_queued(int slot, void* data, std::int64_t count, DType dtype);
   void join();
-  void wait_mark(int slot);
-  void finish();
+  double finish(int keep);
   // Tests: BACKEND stands in for the nccl backend from now on (before the first call), so that
   // the queued form's users run on the CPU. Every call goes to it, as to the nccl backend.
   void set_device_backend(std::unique_ptr<detail::NcclAllreduce> backend);

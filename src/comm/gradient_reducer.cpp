@@ -190,7 +190,12 @@ void GradientReducer::wait() {
   done_.wait(lock, [&] { return finished_ == num_buckets(); });
   // Every upload was queued before the last bucket counted as finished (under the lock).
   if (staging_) staging_->join();
-  if (queued_ && num_buckets() > 0) finish_queued(lock, start);
+  if (queued_) {
+    // The device's figures, for the previous step's calls (finish_queued).
+    exposed_seconds_ = num_buckets() > 0 ? finish_queued(lock, /*keep=*/1) : 0;
+    exposed_peer_wait_seconds_ = peer_wait_seconds_ = 0;
+    return;
+  }
   // Staged, backward has ended when the device has written the last bucket (which holds the
   // first layer's gradients), not when the host queued it: exposed time counts from the later,
   // where the wait for that bucket's copy shows it (reduce_next).
@@ -235,7 +240,7 @@ void GradientReducer::reduce_next(std::unique_lock<std::mutex>& lock) {
   // copy had landed before it was asked for.
   const bool blocked = start - asked > std::chrono::microseconds(20);
   if (queued_) {
-    // On the device: queued after the bucket's mark, no wait (the step's end waits once).
+    // On the device: queued after the bucket's mark, no wait (a later step's end waits).
     const CollectiveScope scope(Collective::gradient_bucket, bucket);
     allreducer_->allreduce_queued(bucket, base + range.begin * element_bytes, range.size(),
                                   grads_.dtype());
@@ -254,25 +259,32 @@ void GradientReducer::reduce_next(std::unique_lock<std::mutex>& lock) {
   ++finished_;
 }
 
-void GradientReducer::finish_queued(std::unique_lock<std::mutex>& lock,
-                                    std::chrono::steady_clock::time_point& start) {
+double GradientReducer::finish_queued(std::unique_lock<std::mutex>& lock, int keep) {
   // Every bucket is queued and the communication thread idle: the training thread ends the step.
   lock.unlock();
-  allreducer_->join();  // the optimizer's kernels follow the all-reduce on the device
-  // The last bucket holds the first layer's gradients: once the device is past its mark,
-  // backward is done there, and what the host waits for after that is unhidden communication.
-  allreducer_->wait_mark(num_buckets() - 1);
-  const auto backward_done = std::chrono::steady_clock::now();
+  if (keep > 0) allreducer_->join();  // the optimizer's kernels follow the all-reduce on the device
+  double waited = 0;
   {
-    // The one host wait of the step, kept for NCCL's asynchronous errors and, inside the last
-    // bucket's scope, for the watchdog (a peer that never arrives).
+    // The host waits for the previous step's calls only (KEEP 1): the device has this step's
+    // compute queued, so it never idles while the host catches up. The wait stays, for NCCL's
+    // asynchronous errors and, inside the last bucket's scope, for the watchdog (a peer that
+    // never arrives shows one step later, at the latest at the step's end agreement).
     const CollectiveScope scope(Collective::gradient_bucket, num_buckets() - 1);
-    allreducer_->finish();
+    waited = allreducer_->finish(keep);
   }
-  const auto end = std::chrono::steady_clock::now();
   lock.lock();
-  comm_seconds_ += seconds_between(backward_done, end);
-  start = std::max(start, backward_done);
+  // The compute stream's wait for the calls is the unhidden communication, measured on the
+  // device: part of the comm time (beside the queueing) and all of the exposed time.
+  comm_seconds_ += waited;
+  return waited;
+}
+
+void GradientReducer::drain() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (finished_ != launched_)
+    abort_job("comm::GradientReducer::drain: a step's buckets were not waited for");
+  comm_seconds_ = exposed_seconds_ = exposed_peer_wait_seconds_ = peer_wait_seconds_ = 0;
+  if (queued_ && num_buckets() > 0) exposed_seconds_ = finish_queued(lock, /*keep=*/0);
 }
 
 void GradientReducer::thread_main() {

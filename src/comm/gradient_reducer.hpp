@@ -39,9 +39,10 @@ std::vector<Range> plan_buckets(std::int64_t count, std::int64_t element_bytes,
 
 // Reduces GRADS (sum over ranks, the AllreduceConfig's pre- and post-scaling applied) bucket by
 // bucket on a communication thread. A step is begin(), then ready_from() as backward finishes
-// layers, then wait(). Between begin() and wait() the calling thread must make no MPI call of
-// its own: collectives it needs (sync BN's statistics) go through run_collective(), so that
-// only one thread is ever inside MPI (MPI_THREAD_SERIALIZED suffices).
+// layers, then wait(); drain() comes before the host reads what a step wrote on the device.
+// Between begin() and wait() the calling thread must make no MPI call of its own: collectives
+// it needs (sync BN's statistics) go through run_collective(), so that only one thread is ever
+// inside MPI (MPI_THREAD_SERIALIZED suffices).
 // Every rank must construct it collectively with the same layout and make the same sequence of
 // calls: buckets and run_collective() calls reach MPI in the order they were issued.
 class GradientReducer {
@@ -78,8 +79,9 @@ class GradientReducer {
   void ready_from(std::int64_t offset);
   // Launches the remaining buckets and blocks until every bucket of the step is reduced (staged:
   // until every bucket is queued for its upload, which the compute stream then waits for;
-  // queued on the device (nccl): until the device has run every call, after one join, so that
-  // the optimizer's kernels follow them there). When
+  // queued on the device (nccl): until every call is queued and joined, so that the optimizer's
+  // kernels follow them on the device, and the device has run the previous step's calls: the
+  // host never waits for this step's work, and reads the gradients only after drain()). When
   // the communication thread has not started on the remaining buckets yet (it is asleep, or has
   // not got a core since it was woken), the calling thread reduces them itself: the tail of a
   // step then pays no hand-off to another thread (serialized with the thread: MPI is still
@@ -88,15 +90,24 @@ class GradientReducer {
   // Runs FN on the communication thread, after the buckets launched so far, and blocks until it
   // returned: how the main thread makes a collective call between begin() and wait().
   void run_collective(const std::function<void()>& fn);
+  // After wait(): blocks until the device has run every call queued so far (the nccl backend;
+  // nothing otherwise), polling NCCL's errors inside a collective scope. Call it before the host
+  // reads what the step wrote on the device (a logged loss, a checkpoint, evaluation) and at the
+  // end. The last_*() figures then describe what it completed (zero for the host backends):
+  // add them to the step's.
+  void drain();
 
   // Seconds the communication thread spent reducing the last step's buckets (staged: from each
-  // bucket's landed download to its queued upload; queued on the device: the queueing, plus
-  // the wait for the calls after the device ended backward, since the rest ran beside it).
+  // bucket's landed download to its queued upload; queued on the device: the queueing, plus the
+  // compute stream's wait for the calls of the join that wait() or drain() completed, the
+  // previous step's in wait(), measured on the device, since the rest ran beside backward).
   double last_comm_seconds() const { return comm_seconds_; }
   // Seconds from the end of backward (the ready_from() that launched the last bucket, else the
   // wait() call; staged, the landing of the last bucket's download when the communication
   // thread had to wait for it, as the device ends backward after the host queued it) until
-  // every bucket was reduced: the communication backward did not hide.
+  // every bucket was reduced: the communication backward did not hide. Queued on the device:
+  // the compute stream's wait for the calls, of the previous step in wait() (one step late) and
+  // of the last in drain().
   double last_exposed_seconds() const { return exposed_seconds_; }
   // The part of last_exposed_seconds() in which a bucket's all-reduce had started and this rank
   // waited for a node peer to arrive at it (Allreducer::PeerWait): the ranks' skew, not data
@@ -123,11 +134,10 @@ class GradientReducer {
   // Plans the queued backend's slots, one per bucket, and its buffers for the largest bucket.
   void plan_slots();
   void thread_main();
-  // The end of a step in the queued form (allreducer_->queues()): join, wait for the device's
-  // backward (START moves there: exposed time counts from it), then for the calls (their tail
-  // is added to the comm time). LOCK held on entry and on return.
-  void finish_queued(std::unique_lock<std::mutex>& lock,
-                     std::chrono::steady_clock::time_point& start);
+  // The end of a step in the queued form (allreducer_->queues()): join (KEEP 1, in wait()), then
+  // wait until at most KEEP joins are outstanding. Returns the compute stream's wait for the
+  // completed joins' calls (added to the comm time). LOCK held on entry and on return.
+  double finish_queued(std::unique_lock<std::mutex>& lock, int keep);
   // Makes buckets [launched_, COUNT) launched: their downloads first (staged), then, under the
   // lock, the count the communication thread reads. Only the main thread calls it. True when
   // it launched any.
@@ -141,7 +151,8 @@ class GradientReducer {
   std::unique_ptr<Allreducer> allreducer_;  // built on the constructing thread, used on thread_
   std::unique_ptr<device_memory::Staging> staging_;  // null: the buckets are reduced in grads_
   // Device gradients under the nccl backend: buckets are marked at launch, queued on the comm
-  // stream by the thread, and the step's end waits once (Allreducer's queued form).
+  // stream by the thread, and the step's end waits for the previous step's (Allreducer's queued
+  // form).
   bool queued_ = false;
 
   std::mutex mutex_;

@@ -106,8 +106,7 @@ class NcclBackend final : public NcclAllreduce {
   void mark(int slot) override;
   void allreduce_queued(int slot, void* data, std::int64_t count, DType dtype) override;
   void join() override;
-  void wait_mark(int slot) override;
-  void finish() override;
+  double finish(int keep) override;
 
  private:
   // Makes the communicator's device current on the calling thread (GradientReducer's thread, or
@@ -128,8 +127,9 @@ class NcclBackend final : public NcclAllreduce {
   // The rail all-reduces of the shards this rank owns, in place on BASE, which holds the
   // elements from BASE_ELEMENT on (host staging or device memory).
   void rail_calls(void* base, std::int64_t n, std::int64_t base_element);
-  // Waits for the comm stream (see the definition for why it polls).
+  // Waits for the comm stream, or for EVENT (see the definition for why it polls).
   void wait();
+  void wait(cudaEvent_t event);
   // A device buffer of at least BYTES (DEVICE_SCRATCH) or pinned host memory (HOST_STAGING),
   // grown when a bucket needs more than any before (after the comm stream has drained the old
   // one) and reused by the others.
@@ -147,7 +147,14 @@ class NcclBackend final : public NcclAllreduce {
   cudaStream_t stream_ = nullptr;       // the comm stream: every NCCL call, copy and kernel here
   cudaEvent_t compute_done_ = nullptr;  // where the compute stream was when a call began
   std::vector<cudaEvent_t> marks_;      // queued form: per slot, the compute stream at mark()
-  cudaEvent_t comm_done_ = nullptr;     // queued form: the comm stream at join()
+  // Queued form: each join()'s points, timed (the compute stream's idle wait is the time from
+  // COMPUTE_END to COMM_DONE), in a ring of the two that may be outstanding.
+  struct Join {
+    cudaEvent_t compute_end = nullptr;  // the compute work queued before the join
+    cudaEvent_t comm_done = nullptr;    // the comm stream after every call queued before it
+  };
+  Join joins_[2];
+  int oldest_join_ = 0, outstanding_joins_ = 0;
   SumOps ops_;                          // the MPI types and sums of the wire dtypes, for the rails
   IntraPlan plan_;
   void* scratch_ = nullptr;
@@ -190,7 +197,10 @@ NcclBackend::NcclBackend(const Topology& topology, const AllreduceConfig& config
   // orders itself after the compute stream with an event, and the host waits for its end.
   MPT_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   MPT_CHECK_CUDA(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
-  MPT_CHECK_CUDA(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
+  for (Join& join : joins_) {
+    MPT_CHECK_CUDA(cudaEventCreateWithFlags(&join.compute_end, cudaEventDefault));
+    MPT_CHECK_CUDA(cudaEventCreateWithFlags(&join.comm_done, cudaEventDefault));
+  }
 }
 
 NcclBackend::~NcclBackend() {
@@ -211,7 +221,9 @@ NcclBackend::~NcclBackend() {
     }
   }
   if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
-  if (comm_done_ != nullptr) cudaEventDestroy(comm_done_);
+  for (const Join& join : joins_)
+    for (cudaEvent_t event : {join.compute_end, join.comm_done})
+      if (event != nullptr) cudaEventDestroy(event);
   for (cudaEvent_t event : marks_) cudaEventDestroy(event);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   device_memory::free_cuda(scratch_);
@@ -245,7 +257,9 @@ void* NcclBackend::host_staging(std::size_t bytes) {
   return staging_;
 }
 
-void NcclBackend::wait() {
+void NcclBackend::wait() { wait(nullptr); }
+
+void NcclBackend::wait(cudaEvent_t event) {
   // Polls rather than cudaStreamSynchronize: a peer that failed leaves this rank's NCCL kernel
   // waiting forever, and NCCL reports what it detects (a remote error, a broken connection) only
   // through ncclCommGetAsyncError. Then this rank aborts its communicator and the job. A silent
@@ -253,11 +267,13 @@ void NcclBackend::wait() {
   // --comm.stall-timeout it names the late ranks and MPI_Abort ends every process (the driver
   // frees their GPUs and communicators with them).
   for (;;) {
-    const cudaError_t status = cudaStreamQuery(stream_);
+    const cudaError_t status = event != nullptr ? cudaEventQuery(event) : cudaStreamQuery(stream_);
     if (status == cudaSuccess) return;
     if (status != cudaErrorNotReady)
-      ::mpt::detail::check_failed("CUDA", "cudaStreamQuery(comm stream)", cuda_failure(status),
-                                  __FILE__, __LINE__);
+      ::mpt::detail::check_failed("CUDA",
+                                  event != nullptr ? "cudaEventQuery(a join of the comm stream)"
+                                                   : "cudaStreamQuery(comm stream)",
+                                  cuda_failure(status), __FILE__, __LINE__);
     // "Not ready" is also this thread's last error now; cleared, or the next launch check on
     // this thread (the optimizer's first kernel, a wire conversion) would report it as a failure.
     (void)cudaGetLastError();
@@ -347,21 +363,35 @@ void NcclBackend::allreduce_queued(int slot, void* data, std::int64_t count, DTy
 
 void NcclBackend::join() {
   select_device();
-  MPT_CHECK_CUDA(cudaEventRecord(comm_done_, stream_));
+  if (outstanding_joins_ == 2)
+    abort_job("comm::Allreducer::join: two joins are outstanding already (finish(1) first)");
+  const Join& join = joins_[(oldest_join_ + outstanding_joins_) % 2];
+  ++outstanding_joins_;
+  // Where the compute stream is: every kernel of the step before the optimizer's. The step's
+  // last bucket was marked here too, so the comm stream's end comes after it.
+  MPT_CHECK_CUDA(cudaEventRecord(join.compute_end, cudaStreamLegacy));
+  MPT_CHECK_CUDA(cudaEventRecord(join.comm_done, stream_));
   // A wait queued on the legacy stream makes every blocking stream's later work wait too (the
   // CUDA runtime's legacy-stream semantics), so the compute stream's next kernels (the
   // optimizer's) follow the step's all-reduce, and the host goes on.
-  MPT_CHECK_CUDA(cudaStreamWaitEvent(cudaStreamLegacy, comm_done_, 0));
+  MPT_CHECK_CUDA(cudaStreamWaitEvent(cudaStreamLegacy, join.comm_done, 0));
 }
 
-void NcclBackend::wait_mark(int slot) {
+double NcclBackend::finish(int keep) {
   select_device();
-  MPT_CHECK_CUDA(cudaEventSynchronize(slot_event("wait_mark", slot)));
-}
-
-void NcclBackend::finish() {
-  select_device();
-  wait();
+  double waited = 0;
+  while (outstanding_joins_ > keep) {
+    const Join& join = joins_[oldest_join_];
+    wait(join.comm_done);
+    wait(join.compute_end);  // before it in practice; ElapsedTime needs both complete
+    float ms = 0;
+    MPT_CHECK_CUDA(cudaEventElapsedTime(&ms, join.compute_end, join.comm_done));
+    waited += std::max(0.f, ms) / 1e3;
+    oldest_join_ = (oldest_join_ + 1) % 2;
+    --outstanding_joins_;
+  }
+  if (keep == 0) wait();  // and anything queued without a join
+  return waited;
 }
 
 void NcclBackend::enqueue(void* data, std::int64_t count, DType dtype) {

@@ -62,13 +62,15 @@ class NcclAllreduce {
   virtual void allreduce_queued(int slot, void* data, std::int64_t count, DType dtype) = 0;
   // Compute work queued from now on runs after every call queued so far, without the host
   // waiting: from the thread that queues it, once every call was queued (happens-before).
+  // Each join is a point finish() waits for; at most two may be outstanding (a step's, and the
+  // step's before it, which the host waits for while the device runs this one).
   virtual void join() = 0;
-  // Blocks until the compute work before SLOT's last mark() is done (never on a peer: the
-  // compute stream waits for no call that was queued after the mark).
-  virtual void wait_mark(int slot) = 0;
-  // Blocks until every queued call is done, polling for NCCL's asynchronous errors (a hang meets
-  // the comm watchdog when called inside a CollectiveScope). Any thread.
-  virtual void finish() = 0;
+  // Blocks until at most KEEP (0 or 1) joins are outstanding, the oldest first: every call of
+  // the joins it completes is done. Polls for NCCL's asynchronous errors (a hang meets the comm
+  // watchdog when called inside a CollectiveScope). Returns the seconds the compute stream
+  // waited, on the device, for those joins' calls (from the compute work queued before each
+  // join to its last call's end): the communication backward did not hide. Any thread.
+  virtual double finish(int keep) = 0;
 };
 
 // Collective over TOPOLOGY's world (nccl_allreduce.cpp; only in a build with NCCL).

@@ -1033,7 +1033,8 @@ TrainSummary Trainer::run() {
   };
   // On the cuda device the nccl backend reduces the device gradients in place: each bucket is
   // queued on the comm stream after the compute work that wrote it, and the step's end waits
-  // once. The host backends reduce a pinned host twin of them (stages_gradients), planned once:
+  // for the previous step's calls only (drain() for the last: before a log line, a checkpoint,
+  // evaluation and the end). The host backends reduce a pinned host twin of them (stages_gradients), planned once:
   // each bucket is copied down as backward finishes it, reduced, and copied back, with no host
   // wait for the compute stream. Either way buckets overlap backward, on the device too.
   const bool on_cuda = model->device() != Device::cpu;
@@ -1358,6 +1359,17 @@ TrainSummary Trainer::run() {
   // (part of comm) per run.
   double window_peer_wait = 0, total_exposed_peer_wait = 0, total_peer_wait = 0;
   const bool measures_peer_wait = reducer.measures_peer_wait();
+  // After reducer.wait() or reducer.drain(): what it measured, into the window and the run.
+  // (The nccl backend's device figures arrive a step late, at the next wait(), or at drain().)
+  const auto take_reducer_times = [&] {
+    window_comm += reducer.last_comm_seconds();
+    window_exposed += reducer.last_exposed_seconds();
+    total_comm += reducer.last_comm_seconds();
+    total_exposed += reducer.last_exposed_seconds();
+    window_peer_wait += reducer.last_exposed_peer_wait_seconds();
+    total_exposed_peer_wait += reducer.last_exposed_peer_wait_seconds();
+    total_peer_wait += reducer.last_peer_wait_seconds();
+  };
   // The rest of the step-time breakdown (docs/architecture.md, "Step-time breakdown"): seconds
   // in forward (and the loss), backward (with the accumulation copies), the optimizer (unscale,
   // check, clip, update) and checkpoints, summed over the window and over the run.
@@ -1690,13 +1702,7 @@ TrainSummary Trainer::run() {
       const auto wait_called = Clock::now();
       comm::set_phase(comm::Phase::allreduce);
       reducer.wait();
-      window_comm += reducer.last_comm_seconds();
-      window_exposed += reducer.last_exposed_seconds();
-      total_comm += reducer.last_comm_seconds();
-      total_exposed += reducer.last_exposed_seconds();
-      window_peer_wait += reducer.last_exposed_peer_wait_seconds();
-      total_exposed_peer_wait += reducer.last_exposed_peer_wait_seconds();
-      total_peer_wait += reducer.last_peer_wait_seconds();
+      take_reducer_times();
       const auto optimizer_start = Clock::now();
       comm::set_phase(comm::Phase::optimizer);
       if (timeline) {
@@ -1775,7 +1781,14 @@ TrainSummary Trainer::run() {
       const bool log_now = step % config.loop.log_every == 0 || step == total_steps ||
                            epoch_step + 1 == steps_per_epoch || stopping;
       // A checkpoint and a step line need every step's verdict so far: the last reports first.
-      if (checkpoint_now || log_now) drain_reports();
+      // Before them the step's all-reduce, which the nccl backend waits for a step late: a
+      // collective that failed or hangs is then reported (and watched), not waited for in the
+      // reports' copy; and the window's comm times are whole.
+      if (checkpoint_now || log_now) {
+        reducer.drain();
+        take_reducer_times();
+        drain_reports();
+      }
       if (checkpoint_now)
         save_checkpoint(epoch_ends ? epoch + 1 : epoch, epoch_ends ? 0 : epoch_step + 1);
       if (!log_now) continue;
@@ -1910,7 +1923,10 @@ TrainSummary Trainer::run() {
   }
 
   comm::set_phase(comm::Phase::finish);
-  drain_reports();  // nothing left after the last step's line; kept for a loop that ends early
+  // Nothing left after the last step's line; kept for a loop that ends early.
+  reducer.drain();
+  take_reducer_times();
+  drain_reports();
   progress.clear();
   prefetcher.stop();
   summary.steps = step;

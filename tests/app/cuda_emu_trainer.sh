@@ -25,7 +25,7 @@ train() {
   local name=$1 np=$2; shift 2
   local rc=0
   timeout 300 "$MPIEXEC" -n "$np" --oversubscribe "$MPTRAIN" train --data.train="$D/train.h5" \
-    --data.test="$D/test.h5" --train.log-every=1 --output.overwrite \
+    --data.test="$D/test.h5" --train.log-every="${LOG_EVERY:-1}" --output.overwrite \
     --output.progress=lines --output.dir="$TMP/$name" "$@" >"$TMP/$name.log" 2>&1 || rc=$?
   if [ "$rc" -ne 0 ]; then
     fail "$name: exit $rc"
@@ -75,6 +75,57 @@ on_cuda() {
   slabs=$(summary "$name" step_device_slabs)
   [ "$tensors" = 0 ] && [ "$slabs" = 0 ] && pass "$name: no allocation inside a step" ||
     fail "$name: $tensors tensor allocations and $slabs cudaMalloc inside steps"
+}
+
+# no_step_waits NAME NP ARGS...: a run of NP ranks, 10 steps logged once, with the emulator's
+# host-wait log (MPTRAIN_CUDAEMU_WAIT_LOG) and the timeline: inside steps 3 to 9 (after the
+# first steps' planning and capture, before the last step's line) no rank's training thread
+# waited for device work queued in that same step. Such a wait leaves a GPU with nothing queued
+# while the host catches up (issue #8: no host synchronisation inside a step). Waits for an
+# earlier step's work (the step reports, read a step late) keep the host a step ahead.
+no_step_waits() {
+  local name=$1 np=$2; shift 2
+  LOG_EVERY=100 MPTRAIN_CUDAEMU_WAIT_LOG="$TMP/$name.waits" \
+    train "$name" "$np" --train.max-steps=10 --output.timeline "$@" || return 0
+  local out
+  if out=$(python3 - "$TMP" "$name" "$np" <<'PY'
+import glob, json, sys
+tmp, name, np = sys.argv[1], sys.argv[2], int(sys.argv[3])
+logs = {}
+for path in glob.glob(f"{tmp}/{name}.waits.*"):
+    lines = open(path).read().splitlines()
+    rank = int(lines[0].split()[-1])
+    logs[rank] = [l.split() for l in lines[1:]]
+if sorted(logs) != list(range(np)):
+    sys.exit(f"wait logs of ranks {sorted(logs)}")
+checked, bad = 0, []
+for rank in range(np):
+    events = json.load(open(f"{tmp}/{name}/timeline-rank{rank}.json"))
+    origin = [e["args"]["steady_clock_ns"] for e in events if e["name"] == "clock_origin"][0]
+    spans = [e for e in events if e["ph"] == "X" and e["tid"] == 0]
+    for step in range(3, 10):
+        mine = [e for e in spans if e["args"]["step"] == step]
+        begin = origin + 1000 * min(e["ts"] for e in mine)
+        end = origin + 1000 * max(e["ts"] + e["dur"] for e in mine)
+        for call, tid, main, at, queued in logs[rank]:
+            if main != "1" or not begin <= int(at) <= end:
+                continue
+            checked += 1
+            if int(queued) >= begin:
+                bad.append(f"rank {rank} step {step}: {call} for work queued "
+                           f"{(int(queued) - begin) / 1e6:.2f} ms into the step")
+if bad:
+    sys.exit(f"{len(bad)} of {checked} waits inside steps 3-9 wait for the same step's work: " +
+             "; ".join(bad[:4]))
+if checked == 0:
+    sys.exit("no training-thread wait inside steps 3-9 (the step reports' at least were expected)")
+print(f"{checked} training-thread waits inside steps 3-9, each for an earlier step's work")
+PY
+  ); then
+    pass "$name: $out"
+  else
+    fail "$name: $out"
+  fi
 }
 
 # fp32 mlp: the eager cuda step, the graph-captured one, and the cpu.
@@ -178,6 +229,29 @@ PY
   else
     fail "cuda resume: no stop at step 3 or no resume from ckpt-3"
   fi
+fi
+
+# No host wait for a step's own work: the nccl backend waits for the previous step's calls, not
+# this one's (comm::GradientReducer::wait). One rank (auto takes nccl), graph-captured steps, the
+# fp16 cnn (cuDNN), and two ranks on nccl inside the node and on flat nccl. Logged once, at the
+# end, these runs drain the all-reduce only there: the optimizer's wait for the calls is then
+# join()'s device-side wait alone, which the two-rank losses check against the cpu's.
+if [ "${MPT_CUDAEMU_NCCL:-}" = ON ]; then
+  waits=(--model.name=mlp --train.batch-size=32 --train.precision=fp16)
+  no_step_waits waits-mlp 1 "${waits[@]}" --device=cuda
+  no_step_waits waits-graphs 1 "${waits[@]}" --device=cuda --cuda.graphs
+  no_step_waits waits-cnn 1 --model.name=cnn --train.batch-size=16 --train.precision=fp16 --device=cuda
+  export MPTRAIN_CUDAEMU_DEVICES=2
+  waits+=(--comm.bucket-mb=1 --comm.overlap=on)
+  no_step_waits waits-nccl 2 "${waits[@]}" --device=cuda --comm.intra=nccl
+  no_step_waits waits-flat 2 "${waits[@]}" --device=cuda --comm.allreduce=flat-nccl
+  unset MPTRAIN_CUDAEMU_DEVICES
+  LOG_EVERY=100 train waits-cpu 2 "${waits[@]}" --device=cpu --train.max-steps=10 && {
+    same_losses waits-cpu waits-nccl 2e-2
+    same_losses waits-cpu waits-flat 2e-2
+  }
+else
+  echo "note: NCCL is not emulated in this build (no nccl.h): the host-wait runs are skipped"
 fi
 
 finish

@@ -248,10 +248,11 @@ class DeferredStaging final : public device_memory::Staging {
 };
 
 // A host stand-in for the nccl backend's queued form (detail::NcclAllreduce). A queued call
-// runs only at finish(), through a flat MPI all-reduce, so a step that ended without finish()
-// keeps its local gradients; and every call checks its order within a step: each slot marked,
-// then queued, once; join() after every slot is queued; wait_mark() after the slot's mark;
-// finish() after join().
+// runs only at join(), through a flat MPI all-reduce (as the device runs the calls before the
+// compute work queued after the join), so a step that ended without join() keeps its local
+// gradients; and every call checks its order within a step: each slot marked, then queued,
+// once; join() after every slot is queued, with at most one join outstanding before it;
+// finish(KEEP) completes the oldest joins until KEEP are outstanding, and counts them.
 class QueuedStandIn final : public detail::NcclAllreduce {
  public:
   QueuedStandIn(const Topology& topology, DType wire) : host_(topology, flat_config(wire)) {}
@@ -286,23 +287,23 @@ class QueuedStandIn final : public detail::NcclAllreduce {
     const std::lock_guard<std::mutex> lock(mutex_);
     for (std::size_t b = 0; b < state_.size(); ++b)
       EXPECT_EQ(state_[b], State::queued) << "join before slot " << b << " was queued";
-    joined_ = true;
-  }
-  void wait_mark(int slot) override {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    ASSERT_TRUE(slot >= 0 && static_cast<std::size_t>(slot) < state_.size()) << slot;
-    EXPECT_NE(state_[static_cast<std::size_t>(slot)], State::idle) << "wait for an unmarked slot";
-  }
-  void finish() override {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    EXPECT_TRUE(joined_) << "finish without join";
+    EXPECT_LE(outstanding_, 1) << "a third join before finish(1)";
     for (const Pending& call : pending_) host_.allreduce(call.data, call.count, call.dtype);
     pending_.clear();
     state_.assign(state_.size(), State::idle);
-    joined_ = false;
-    ++finishes_;
+    ++outstanding_;
   }
-  int finishes() const { return finishes_; }
+  double finish(int keep) override {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    EXPECT_TRUE(keep == 0 || keep == 1) << keep;
+    EXPECT_TRUE(pending_.empty()) << "finish with calls queued after the last join";
+    while (outstanding_ > keep) {
+      --outstanding_;
+      ++completed_;
+    }
+    return 0;
+  }
+  int completed_joins() const { return completed_; }
   std::int64_t planned_max_count() const { return planned_max_count_; }
 
  private:
@@ -322,8 +323,7 @@ class QueuedStandIn final : public detail::NcclAllreduce {
   std::mutex mutex_;
   std::vector<State> state_;
   std::vector<Pending> pending_;
-  bool joined_ = false;
-  int finishes_ = 0;
+  int outstanding_ = 0, completed_ = 0;
   std::int64_t planned_max_count_ = 0;
   DType planned_dtype_ = DType::f32;
 };
@@ -466,8 +466,13 @@ TEST_P(ReducerCases, BucketedEqualsOneFlatAllreduceForAnyBucketSize) {
         EXPECT_EQ(staging->joins(), step + 1);
       }
       if (queued) {
-        EXPECT_EQ(queued->finishes(), step + 1);
+        // wait() completes the previous step's join, not its own.
+        EXPECT_EQ(queued->completed_joins(), step);
       }
+    }
+    reducer.drain();
+    if (queued) {
+      EXPECT_EQ(queued->completed_joins(), 3) << "drain() completes the last step's join";
     }
   }
 }

@@ -126,9 +126,11 @@ void check_algorithm(Harness& harness, const std::string& label, const Topology&
 
 // The trainer's path: device gradients in buckets, GradientReducer's queued form (each bucket
 // marked on the compute stream at launch, queued on the comm stream by its thread, the step's
-// end joined and waited for once): all launched at wait(), then launched one by one from the
-// last parameter as backward's hook does, each also with phase 2 through the host (the rails
-// wait inside a queued call).
+// end joined, and waited for on the host a step later or by drain()): all launched at wait(),
+// then launched one by one from the last parameter as backward's hook does, each also with
+// phase 2 through the host (the rails wait inside a queued call). Step 1's result is read
+// without drain(), by a copy on the legacy stream, which the join orders after the calls; step
+// 2's after drain(), as the trainer reads (the host then has waited for the calls itself).
 void check_gradient_reducer(Harness& harness, const Topology& topology, AllreduceConfig config) {
   const std::int64_t count = 300007;
   const std::vector<std::int64_t> offsets = {0, 1000, 1003, 50000, 299999};
@@ -146,6 +148,7 @@ void check_gradient_reducer(Harness& harness, const Topology& topology, Allreduc
       if (step == 2)
         for (std::size_t p = offsets.size(); p-- > 0;) reducer.ready_from(offsets[p]);
       reducer.wait();
+      if (step == 2) reducer.drain();
       device_memory::copy(host.data(), Device::cpu, grads.raw(), Device::cuda, grads.size_bytes());
       std::int64_t bad = 0;
       for (std::int64_t i = 0; i < count; ++i) {
