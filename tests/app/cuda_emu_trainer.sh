@@ -5,7 +5,9 @@
 # order, 16 bits to their rounding); --cuda.graphs must replay the eager step exactly; two
 # ranks on cuda stage their gradients through pinned memory; no step may allocate; the device
 # map names cuda; convolutions take cuDNN (the emulator's, tests/cudaemu/cudnn.cpp) unless
-# MPTRAIN_CUDA_CONV=im2col; the nccl backend runs on the emulator's NCCL (tests/cudaemu/nccl.cpp).
+# MPTRAIN_CUDA_CONV=im2col; the nccl backend runs on the emulator's NCCL (tests/cudaemu/nccl.cpp);
+# no steady step's training thread waits for device work of its own step (the emulator's
+# host-wait log beside the timeline), and a hung rank on the nccl path is still named.
 # What the emulator cannot show (speed, truly concurrent streams, cuDNN's and NCCL's own
 # kernels and transports) stays perf/gpu_check.sh's.
 source "$(dirname "$0")/common.sh"
@@ -250,6 +252,26 @@ if [ "${MPT_CUDAEMU_NCCL:-}" = ON ]; then
     same_losses waits-cpu waits-nccl 2e-2
     same_losses waits-cpu waits-flat 2e-2
   }
+  # A rank that hangs (MPTRAIN_FAULT=stall) while its peer's host runs a step ahead of the
+  # device: the peer is not stuck in a device wait but reaches the step's end agreement, where
+  # the watchdog names the hung rank and the job exits 4 within seconds.
+  for variant in "intra --comm.intra=nccl" "flat --comm.allreduce=flat-nccl"; do
+    set -- $variant
+    name=stall-nccl-$1; shift
+    rc=0 start=$SECONDS
+    MPTRAIN_CUDAEMU_DEVICES=2 MPTRAIN_FAULT=stall:1:5 timeout 60 "$MPIEXEC" -n 2 --oversubscribe \
+      "$MPTRAIN" train --data.train="$D/train.h5" --model.name=mlp --train.batch-size=16 \
+      --train.max-steps=30 --comm.stall-timeout=2 --device=cuda --output.overwrite \
+      --output.dir="$TMP/$name" "$@" >"$TMP/$name.log" 2>&1 || rc=$?
+    line=$(grep -m1 'watchdog: waited' "$TMP/$name.log" || true)
+    if [ "$rc" -eq 4 ] && [ $((SECONDS - start)) -le 30 ] &&
+       [[ "$line" == *"not arrived: rank 1 (step 5, forward, outside any collective"* ]]; then
+      pass "$name: exit 4 after $((SECONDS - start)) s: ${line#*watchdog: }"
+    else
+      fail "$name: exit $rc after $((SECONDS - start)) s: ${line:-no watchdog line}"
+      tail -3 "$TMP/$name.log" >&2
+    fi
+  done
 else
   echo "note: NCCL is not emulated in this build (no nccl.h): the host-wait runs are skipped"
 fi
