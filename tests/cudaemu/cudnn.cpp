@@ -161,9 +161,16 @@ std::size_t extent(const cudnnTensorStruct& t) {
   return static_cast<std::size_t>(at(t, t.n - 1, t.c - 1, t.h - 1, t.w - 1) + 1) *
          element_bytes(t.type);
 }
-std::size_t extent(const cudnnFilterStruct& f) {
-  return static_cast<std::size_t>(count(dims(f))) * element_bytes(f.type);
+// A filter is a packed NCHW tensor (KCRS): read, written and measured as one.
+cudnnTensorStruct as_tensor(const cudnnFilterStruct& f) {
+  cudnnTensorStruct t;
+  t.set = f.set;
+  t.type = f.type;
+  t.n = f.k, t.c = f.c, t.h = f.h, t.w = f.w;
+  t.ws = 1, t.hs = f.w, t.cs = f.h * f.w, t.ns = f.c * f.h * f.w;
+  return t;
 }
+std::size_t extent(const cudnnFilterStruct& f) { return extent(as_tensor(f)); }
 std::vector<float> read(const cudnnTensorStruct& t, const void* data, bool round_tf32) {
   std::vector<float> out(static_cast<std::size_t>(count(dims(t))));
   std::size_t i = 0;
@@ -177,12 +184,7 @@ std::vector<float> read(const cudnnTensorStruct& t, const void* data, bool round
   return out;
 }
 std::vector<float> read(const cudnnFilterStruct& f, const void* data, bool round_tf32) {
-  std::vector<float> out(static_cast<std::size_t>(count(dims(f))));
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    const float v = load(data, static_cast<std::int64_t>(i), f.type);
-    out[i] = round_tf32 ? tf32(v) : v;
-  }
-  return out;
+  return read(as_tensor(f), data, round_tf32);
 }
 // Y = alpha * RESULT + beta * Y (Y not read when beta is 0), element by element in NCHW order.
 void write(const cudnnTensorStruct& t, void* data, const std::vector<double>& result, float alpha,
@@ -200,12 +202,7 @@ void write(const cudnnTensorStruct& t, void* data, const std::vector<double>& re
 }
 void write(const cudnnFilterStruct& f, void* data, const std::vector<double>& result, float alpha,
            float beta) {
-  for (std::size_t i = 0; i < result.size(); ++i) {
-    const auto index = static_cast<std::int64_t>(i);
-    float value = alpha * static_cast<float>(result[i]);
-    if (beta != 0.f) value += beta * load(data, index, f.type);
-    store(data, index, f.type, value);
-  }
+  write(as_tensor(f), data, result, alpha, beta);
 }
 
 // ---- checks shared by the calls -------------------------------------------------------------
