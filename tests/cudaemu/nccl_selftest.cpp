@@ -1,6 +1,7 @@
 // The emulated NCCL's own checks (tests/cudaemu/nccl.cpp; docs/testing.md, "The CUDA emulator"),
 // on 2 ranks under mpiexec: what gpu_nccl_allreduce does not reach. Two ranks on one device are
-// refused on both ("Duplicate GPU detected"); a buffer in host memory is refused; an in-place
+// refused on both ("Duplicate GPU detected"); a bad rank, count or id at init, a group end with
+// no start, a buffer in host memory, another device's stream or memory are refused; an in-place
 // all-reduce and reduce-scatter give every rank the hand-worked sums; and a rank that aborts
 // its communicator releases its peer from the collective it waits in, with ncclRemoteError.
 // Without nccl.h it says it was skipped and exits 77. Rank 0 ends with "N passed, N failed".
@@ -62,11 +63,41 @@ int main(int argc, char** argv) {
                "two ranks on one device: ncclInvalidUsage, 'Duplicate GPU detected', on both");
   }
   cudaSetDevice(rank);
+  {
+    // Refused at once, on the calling rank alone (no peer is waited for).
+    ncclComm_t bad = nullptr;
+    const ncclUniqueId id = shared_id();
+    expect_all(ncclCommInitRank(&bad, 2, id, 2) == ncclInvalidArgument &&
+                   ncclCommInitRank(&bad, 0, id, 0) == ncclInvalidArgument,
+               "a rank outside the count, or no ranks: ncclInvalidArgument");
+    ncclUniqueId made_up{};
+    made_up.internal[0] = 7;
+    expect_all(ncclCommInitRank(&bad, 2, made_up, rank) == ncclInvalidArgument,
+               "an id that ncclGetUniqueId did not make: ncclInvalidArgument");
+    expect_all(ncclGroupEnd() == ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart: ncclInvalidUsage");
+  }
   ncclComm_t comm = nullptr;
   expect_all(ncclCommInitRank(&comm, 2, shared_id(), rank) == ncclSuccess,
              "one device per rank: the communicator is made");
   cudaStream_t stream = nullptr;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  {
+    // A stream of the other device (made there, then back on this rank's own).
+    cudaSetDevice(1 - rank);
+    cudaStream_t other = nullptr;
+    cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking);
+    float* elsewhere = device_floats({1, 2, 3, 4});
+    cudaSetDevice(rank);
+    float* here = device_floats({1, 2, 3, 4});
+    expect_all(ncclAllReduce(here, here, 4, ncclFloat32, ncclSum, comm, other) ==
+                       ncclInvalidArgument &&
+                   ncclAllReduce(elsewhere, elsewhere, 4, ncclFloat32, ncclSum, comm, stream) ==
+                       ncclInvalidArgument,
+               "the other device's stream, or its memory: ncclInvalidArgument");
+    cudaFree(here);
+    cudaFree(elsewhere);
+    cudaStreamDestroy(other);
+  }
 
   std::vector<float> host(4, 1.f);
   expect_all(ncclAllReduce(host.data(), host.data(), 4, ncclFloat32, ncclSum, comm, stream) ==
