@@ -165,6 +165,21 @@ int main() {
                               implicit, nullptr, 0, &zero, xcorr.yd, xcorr.y);
     });
 
+    // What the emulator does not model ends the process naming it (mptrain asks for neither).
+    expect_death("an NHWC tensor", "not modelled by the emulator: cuDNN tensors other than NCHW",
+                 [&] {
+                   cudnnTensorDescriptor_t nhwc = nullptr;
+                   cudnnCreateTensorDescriptor(&nhwc);
+                   cudnnSetTensor4dDescriptor(nhwc, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, 1, 1, 3, 3);
+                 });
+    expect_death("a HALF compute type",
+                 "not modelled by the emulator: cuDNN convolution with a compute type other than FLOAT",
+                 [&] {
+                   cudnnSetConvolution2dDescriptor(xcorr.cd, 0, 0, 1, 1, 1, 1,
+                                                   CUDNN_CROSS_CORRELATION, CUDNN_DATA_HALF);
+                   xcorr.forward(implicit, 0);
+                 });
+
     // A call on a capturing stream is recorded and replayed, not run at the call.
     cudaStream_t stream = nullptr;
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
