@@ -235,7 +235,8 @@ fi
 
 # No host wait for a step's own work: the nccl backend waits for the previous step's calls, not
 # this one's (comm::GradientReducer::wait). One rank (auto takes nccl), graph-captured steps, the
-# fp16 cnn (cuDNN), and two ranks on nccl inside the node and on flat nccl. Logged once, at the
+# fp16 cnn (cuDNN), bf16 resnet-mini accumulating two micro-batches, and two ranks on nccl inside
+# the node and on flat nccl. Logged once, at the
 # end, these runs drain the all-reduce only there: the optimizer's wait for the calls is then
 # join()'s device-side wait alone, which the two-rank losses check against the cpu's.
 if [ "${MPT_CUDAEMU_NCCL:-}" = ON ]; then
@@ -243,6 +244,8 @@ if [ "${MPT_CUDAEMU_NCCL:-}" = ON ]; then
   no_step_waits waits-mlp 1 "${waits[@]}" --device=cuda
   no_step_waits waits-graphs 1 "${waits[@]}" --device=cuda --cuda.graphs
   no_step_waits waits-cnn 1 --model.name=cnn --train.batch-size=16 --train.precision=fp16 --device=cuda
+  no_step_waits waits-resnet 1 --model.name=resnet-mini --train.batch-size=8 --train.accumulate=2 \
+    --train.precision=bf16 --device=cuda
   export MPTRAIN_CUDAEMU_DEVICES=2
   waits+=(--comm.bucket-mb=1 --comm.overlap=on)
   no_step_waits waits-nccl 2 "${waits[@]}" --device=cuda --comm.intra=nccl
