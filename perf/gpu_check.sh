@@ -642,7 +642,8 @@ print(f"{max(fractions[1:]):.4f}" if len(fractions) > 1 else "-1")' "$run/metric
         run_line "trainer model=$model device=$device" "$run/summary.json" samples_per_s \
           final_train_loss test_accuracy tensor_peak_mb device_reserved_mb \
           step_allocations=step_tensor_allocations step_cudamalloc=step_device_slabs \
-          data_wait_fraction gradient_path 2>&1 | tee -a "$build/trainer.log"
+          data_wait_fraction gradient_path exposed_comm=exposed_comm_time_s 2>&1 \
+          | tee -a "$build/trainer.log"
       else
         echo "trainer model=$model device=$device failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
           | tee -a "$build/trainer.log"
