@@ -321,6 +321,20 @@ summary_body() {
     echo
     echo "mptrain train (synthetic 1x28x28, 10 classes; one rank and 40 steps of 256 unless the line says otherwise):"
     cat "$build/trainer.log"
+    # The trainer's whole step (prefetched data, the all-reduce: nccl on one rank, the step
+    # reports) against gpu_bench's bare nn::Model step, same model, batch 256 and fp32: what the
+    # rest of a training step costs the GPU, if anything.
+    if [[ $batch == 256 ]]; then
+      for row in mlp cnn:cudnn; do
+        name=${row%%:*}
+        conv=${row#*:}
+        [[ $conv == "$row" ]] && conv=
+        whole=$(grep -m1 "^trainer model=$name device=cuda prefetch=8 io_threads=4 normalize=auto " \
+          "$build/trainer.log" | field samples_per_s)
+        bare=$(rate "$build/gpu_bench.log" mptrain-model "$name" fp32 "$conv")
+        echo "trainer model=$name (prefetch 8, 120 steps) / gpu_bench nn::Model fp32: $(ratio "$whole" "$bare")"
+      done
+    fi
   fi
   if [[ -s $build/nccl.log ]]; then
     echo

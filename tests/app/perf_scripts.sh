@@ -64,7 +64,17 @@ mptrain-model model=mlp precision=fp16 batch=256 steps=200 samples_per_s=1097868
 mptrain-kernels model=mlp precision=fp16 batch=256 steps=200 samples_per_s=1326610.0
 mptrain-model model=cnn precision=fp16 batch=256 steps=200 conv=cudnn samples_per_s=90000.0
 mptrain-model model=cnn precision=fp16 batch=256 steps=200 conv=im2col samples_per_s=50000.0
+mptrain-model model=mlp precision=fp32 batch=256 steps=200 samples_per_s=1000000.0
+mptrain-model model=cnn precision=fp32 batch=256 steps=200 conv=cudnn samples_per_s=40000.0
+mptrain-model model=cnn precision=fp32 batch=256 steps=200 conv=im2col samples_per_s=20000.0
 gemm precision=fp16 m=n=k=4096 tflops=785.0
+LOG
+# The trainer's lines: the data-wait runs (prefetch 8 and 0) and a failed run.
+cat >"$logs/trainer.log" <<'LOG'
+trainer model=mlp device=cuda prefetch=0 io_threads=1 normalize=auto samples_per_s=100000.0 data_wait_fraction=0.9000
+trainer model=mlp device=cuda prefetch=8 io_threads=4 normalize=auto samples_per_s=800000.0 data_wait_fraction=0.0100
+trainer model=mlp device=cuda prefetch=8 io_threads=4 normalize=reader samples_per_s=700000.0 data_wait_fraction=0.0200
+trainer model=cnn device=cuda prefetch=8 io_threads=4 normalize=auto failed (exit 1): mptrain: error: x
 LOG
 cat >"$logs/gpu_bench_graphs.log" <<'LOG'
 mptrain-model model=cnn precision=fp16 batch=256 steps=200 conv=cudnn graphs=on samples_per_s=120000.0
@@ -132,6 +142,9 @@ summary_has row "| mlp | fp16 | 256 | 1097868.0 | 1326610.0 | 148571.0 | 7.39 | 
   "| cnn (graphs) (conv cudnn) | fp16 | 256 | 120000.0 | 90000.0 | 1.33 | 60000.0 | 2.00 |" \
   "| mlp | fp16 | 1930705.0 | 2500000.0 | 5000000.0 | 4696919.0 | 0.41 | 0.53 | 1.06 |" \
   "| 4096 | fp16 | 785.0 | 823.0 | 0.95 |"
+summary_has "compares the trainer with gpu_bench" \
+  "trainer model=mlp (prefetch 8, 120 steps) / gpu_bench nn::Model fp32: 0.80" \
+  "trainer model=cnn (prefetch 8, 120 steps) / gpu_bench nn::Model fp32: n/a"
 summary_has "names the failure" "tests/gpu failures (2; the first 12, all in ctest.log):" \
   "  - softmax_xent_forward loss [256x10]: got 1, want 2" \
   "  - case conv2d crashed: signal 11 (Segmentation fault); the cases after it run in a new process"
