@@ -191,7 +191,10 @@ void GradientReducer::wait() {
   // Every upload was queued before the last bucket counted as finished (under the lock).
   if (staging_) staging_->join();
   if (queued_) {
-    // The device's figures, for the previous step's calls (finish_queued).
+    // The optimizer's kernels follow the all-reduce on the device (the communication thread is
+    // idle: the lock keeps nothing waiting). The figures are the device's, for the previous
+    // step's calls (finish_queued).
+    if (num_buckets() > 0) allreducer_->join();
     exposed_seconds_ = num_buckets() > 0 ? finish_queued(lock, /*keep=*/1) : 0;
     exposed_peer_wait_seconds_ = peer_wait_seconds_ = 0;
     return;
@@ -262,7 +265,6 @@ void GradientReducer::reduce_next(std::unique_lock<std::mutex>& lock) {
 double GradientReducer::finish_queued(std::unique_lock<std::mutex>& lock, int keep) {
   // Every bucket is queued and the communication thread idle: the training thread ends the step.
   lock.unlock();
-  if (keep > 0) allreducer_->join();  // the optimizer's kernels follow the all-reduce on the device
   double waited = 0;
   {
     // The host waits for the previous step's calls only (KEEP 1): the device has this step's

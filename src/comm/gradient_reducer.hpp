@@ -134,9 +134,10 @@ class GradientReducer {
   // Plans the queued backend's slots, one per bucket, and its buffers for the largest bucket.
   void plan_slots();
   void thread_main();
-  // The end of a step in the queued form (allreducer_->queues()): join (KEEP 1, in wait()), then
-  // wait until at most KEEP joins are outstanding. Returns the compute stream's wait for the
-  // completed joins' calls (added to the comm time). LOCK held on entry and on return.
+  // The end of a step in the queued form (allreducer_->queues()), after the join: waits until at
+  // most KEEP joins are outstanding (1 in wait(), 0 in drain()). Returns the compute stream's
+  // wait for the completed joins' calls (added to the comm time). LOCK held on entry and on
+  // return.
   double finish_queued(std::unique_lock<std::mutex>& lock, int keep);
   // Makes buckets [launched_, COUNT) launched: their downloads first (staged), then, under the
   // lock, the count the communication thread reads. Only the main thread calls it. True when

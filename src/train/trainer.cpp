@@ -1034,9 +1034,9 @@ TrainSummary Trainer::run() {
   // On the cuda device the nccl backend reduces the device gradients in place: each bucket is
   // queued on the comm stream after the compute work that wrote it, and the step's end waits
   // for the previous step's calls only (drain() for the last: before a log line, a checkpoint,
-  // evaluation and the end). The host backends reduce a pinned host twin of them (stages_gradients), planned once:
-  // each bucket is copied down as backward finishes it, reduced, and copied back, with no host
-  // wait for the compute stream. Either way buckets overlap backward, on the device too.
+  // evaluation and the end). The host backends reduce a pinned host twin of them
+  // (stages_gradients), planned once: each bucket is copied down as backward finishes it,
+  // reduced, and copied back, with no host wait for the compute stream. Either way buckets overlap backward, on the device too.
   const bool on_cuda = model->device() != Device::cpu;
   // Whether the 16-bit GEMMs take their operands as they are (the tensor cores; AMX or
   // AVX512-BF16 on the host) or widen them to f32 first: a factor of several in speed.
@@ -1543,7 +1543,13 @@ TrainSummary Trainer::run() {
                   static_cast<long long>(s.skipped_steps));
     }
   };
-  const auto drain_reports = [&] {
+  // Everything the device owes the host so far: the last all-reduce first, which the nccl backend
+  // waits for a step late (a collective that failed or hangs is then reported and watched, not
+  // waited for in the reports' copy, and the window's comm times are whole), then every step's
+  // report.
+  const auto drain_device = [&] {
+    reducer.drain();
+    take_reducer_times();
     while (const auto report = reports.next(/*drain=*/true)) take_report(*report);
   };
   // The first window starts here, not before the setup above (the checkpoint writer, the
@@ -1781,14 +1787,7 @@ TrainSummary Trainer::run() {
       const bool log_now = step % config.loop.log_every == 0 || step == total_steps ||
                            epoch_step + 1 == steps_per_epoch || stopping;
       // A checkpoint and a step line need every step's verdict so far: the last reports first.
-      // Before them the step's all-reduce, which the nccl backend waits for a step late: a
-      // collective that failed or hangs is then reported (and watched), not waited for in the
-      // reports' copy; and the window's comm times are whole.
-      if (checkpoint_now || log_now) {
-        reducer.drain();
-        take_reducer_times();
-        drain_reports();
-      }
+      if (checkpoint_now || log_now) drain_device();
       if (checkpoint_now)
         save_checkpoint(epoch_ends ? epoch + 1 : epoch, epoch_ends ? 0 : epoch_step + 1);
       if (!log_now) continue;
@@ -1923,10 +1922,7 @@ TrainSummary Trainer::run() {
   }
 
   comm::set_phase(comm::Phase::finish);
-  // Nothing left after the last step's line; kept for a loop that ends early.
-  reducer.drain();
-  take_reducer_times();
-  drain_reports();
+  drain_device();  // nothing left after the last step's line; kept for a loop that ends early
   progress.clear();
   prefetcher.stop();
   summary.steps = step;
