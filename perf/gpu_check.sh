@@ -629,7 +629,8 @@ print(f"{max(fractions[1:]):.4f}" if len(fractions) > 1 else "-1")' "$run/metric
   done
   # 40 steps of batch 256 are one epoch, so each run ends with its test evaluation.
   stage "trainer --device=cpu|cuda (mlp and cnn 40 steps = 1 epoch, resnet-mini 20 x 2, batch 256, one rank)"
-  # resnet-mini: gradient accumulation and sync-BN on the device (20 steps of 2 micro-batches).
+  # resnet-mini: gradient accumulation and sync-BN on the device (20 steps of 2 micro-batches;
+  # bn_stats_path=device: the statistics summed on NCCL's stream, one rank's communicator).
   # The mlp also as cuda+graphs: --cuda.graphs replays each step as one captured CUDA graph
   # (the mlp has no dropout; accumulate is 1), beside the eager cuda run.
   for model in mlp cnn resnet-mini; do
@@ -656,7 +657,7 @@ print(f"{max(fractions[1:]):.4f}" if len(fractions) > 1 else "-1")' "$run/metric
         run_line "trainer model=$model device=$device" "$run/summary.json" samples_per_s \
           final_train_loss test_accuracy tensor_peak_mb device_reserved_mb \
           step_allocations=step_tensor_allocations step_cudamalloc=step_device_slabs \
-          data_wait_fraction gradient_path exposed_comm=exposed_comm_time_s 2>&1 \
+          data_wait_fraction gradient_path exposed_comm=exposed_comm_time_s bn_stats_path 2>&1 \
           | tee -a "$build/trainer.log"
       else
         echo "trainer model=$model device=$device failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \

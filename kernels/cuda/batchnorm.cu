@@ -22,10 +22,14 @@ void check_channels(const char* op, const char* what, const Tensor& t, std::int6
       t.defined() && t.device() == Device::cuda && t.dtype() == DType::f32 && t.numel() >= channels,
       op, what, t);
 }
-void check_sums(const char* op, const Tensor& sums, std::int64_t channels) {
+// SUMS holds 2C values, and the sample count after them when WITH_COUNT.
+void check_sums(const char* op, const Tensor& sums, std::int64_t channels, bool with_count) {
   detail::require(sums.defined() && sums.device() == Device::cuda && sums.dtype() == DType::f32 &&
-                      sums.numel() >= 2 * channels,
-                  op, "sums must be f32 with at least 2C elements on the cuda device", sums);
+                      sums.numel() >= 2 * channels + (with_count ? 1 : 0),
+                  op,
+                  with_count ? "sums must be f32 with at least 2C + 1 elements on the cuda device"
+                             : "sums must be f32 with at least 2C elements on the cuda device",
+                  sums);
 }
 void check_same(const char* op, const Tensor& a, const Tensor& b) {
   detail::require_pair(a.numel() == b.numel(), op, "tensors must have the same element count", a,
@@ -76,12 +80,13 @@ __device__ inline void block_sum_pair(double* first, double* second) {
   }
 }
 
-// SUMS[c] = sum of x, SUMS[C + c] = sum of x^2 over channel c's N planes of PLANE elements.
-// Each square is taken in double: exact for f32 inputs, so only the additions round.
+// SUMS[c] = sum of x, SUMS[C + c] = sum of x^2 over channel c's N planes of PLANE elements, and
+// SUMS[2C] = N. Each square is taken in double: exact for f32 inputs, so only the additions round.
 __global__ void sums_kernel(Storage x, std::int64_t channels, std::int64_t batch,
                             std::int64_t plane, float* sums) {
   __shared__ double sum[kThreads], squares[kThreads];
   const std::int64_t count = batch * plane;
+  if (blockIdx.x == 0 && threadIdx.x == 0) sums[2 * channels] = static_cast<float>(batch);
   for (std::int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
     double s = 0, q = 0;
     for (std::int64_t e = threadIdx.x; e < count; e += kThreads) {
@@ -141,7 +146,7 @@ __device__ inline double at_least_zero(double x) { return 0.0 < x ? x : 0.0; }
 void batchnorm_sums(const Tensor& x, std::int64_t channels, Tensor& sums) {
   constexpr const char* op = "kernels::cuda::batchnorm_sums";
   check_batch(op, "x must be [N, C, ...] f32, f16 or bf16 on the cuda device", x, channels);
-  check_sums(op, sums, channels);
+  check_sums(op, sums, channels, /*with_count=*/true);
   const Layout l = layout(x, channels);
   sums_kernel<<<channel_blocks(channels), kThreads, 0, stream()>>>(storage(x), channels, l.batch,
                                                                    l.plane, sums.data<float>());
@@ -176,7 +181,7 @@ void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, std::int64_t cha
   check_same(op, x, dy);
   check_channels(op, "mean must be f32 [C] on the cuda device", mean, channels);
   check_channels(op, "invstd must be f32 [C] on the cuda device", invstd, channels);
-  check_sums(op, sums, channels);
+  check_sums(op, sums, channels, /*with_count=*/false);
   const Layout l = layout(x, channels);
   backward_sums_kernel<<<channel_blocks(channels), kThreads, 0, stream()>>>(
       storage(x), storage(dy), channels, l.batch, l.plane, mean.data<float>(), invstd.data<float>(),
@@ -212,7 +217,7 @@ void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, std::int64_t chann
   });
 }
 
-void batchnorm_forward_coefs(const Tensor& sums, double count, bool training, const Tensor& gamma,
+void batchnorm_forward_coefs(const Tensor& sums, double plane, bool training, const Tensor& gamma,
                              const Tensor& beta, Tensor& running_mean, Tensor& running_var,
                              double momentum, double epsilon, Tensor& mean, Tensor& invstd,
                              Tensor& scale, Tensor& shift) {
@@ -223,7 +228,7 @@ void batchnorm_forward_coefs(const Tensor& sums, double count, bool training, co
       &beta, &running_mean, &running_var, &mean, &invstd, &scale, &shift};
   for (const Tensor* t : per_channel)
     check_channels(op, "per-channel values must be f32 [C] on the cuda device", *t, channels);
-  if (training) check_sums(op, sums, channels);  // evaluation reads no sums
+  if (training) check_sums(op, sums, channels, /*with_count=*/true);  // evaluation reads no sums
   const float* sum = training ? sums.data<float>() : nullptr;
   const float* g = gamma.data<float>();
   const float* b = beta.data<float>();
@@ -233,13 +238,15 @@ void batchnorm_forward_coefs(const Tensor& sums, double count, bool training, co
   float* is = invstd.data<float>();
   float* sc = scale.data<float>();
   float* sh = shift.data<float>();
-  // Scalars the host twin also takes in double on the host: the same IEEE results.
-  const double unbias = count > 1 ? count / (count - 1) : 1.0;
   const double keep = 1 - momentum;
-  // Every double operation in the host's order and grouping, each rounded on its own.
+  // Every double operation in the host's order and grouping, each rounded on its own. The count
+  // (samples, summed over ranks under sync BN, times the plane) is device data: every thread
+  // derives it, and the unbiasing factor, as the host twin does once.
   launch_elementwise(op, channels, [=] __device__(std::int64_t k) {
+    const double count = training ? __dmul_rn(static_cast<double>(sum[2 * channels]), plane) : 0.0;
     float mean_k, invstd_k;
-    if (training) {
+    if (count > 0) {  // training on at least one sample
+      const double unbias = count > 1 ? __ddiv_rn(count, __dsub_rn(count, 1.0)) : 1.0;
       const double m = __ddiv_rn(sum[k], count);
       const double var =
           at_least_zero(__dsub_rn(__ddiv_rn(sum[channels + k], count), __dmul_rn(m, m)));
@@ -262,7 +269,7 @@ void batchnorm_forward_coefs(const Tensor& sums, double count, bool training, co
   });
 }
 
-void batchnorm_backward_coefs(const Tensor& sums, double count, const Tensor& gamma,
+void batchnorm_backward_coefs(const Tensor& sums, double plane, const Tensor& gamma,
                               const Tensor& invstd, Tensor& dy_coef, Tensor& x_coef, Tensor& bias) {
   constexpr const char* op = "kernels::cuda::batchnorm_backward_coefs";
   const std::int64_t channels = gamma.numel();
@@ -270,17 +277,19 @@ void batchnorm_backward_coefs(const Tensor& sums, double count, const Tensor& ga
   const std::initializer_list<const Tensor*> per_channel = {&invstd, &dy_coef, &x_coef, &bias};
   for (const Tensor* t : per_channel)
     check_channels(op, "per-channel values must be f32 [C] on the cuda device", *t, channels);
-  check_sums(op, sums, channels);
+  check_sums(op, sums, channels, /*with_count=*/plane > 0);
   const float* sum = sums.data<float>();
   const float* g = gamma.data<float>();
   const float* is = invstd.data<float>();
   float* k1 = dy_coef.data<float>();
   float* k2 = x_coef.data<float>();
   float* k3 = bias.data<float>();
-  const bool through_stats = count > 0;
   // g = gamma * invstd; x_coef = ((-g * invstd) * sum dy xhat) / count, bias = (-g * sum dy) /
   // count: each operation rounded on its own, as the host.
   launch_elementwise(op, channels, [=] __device__(std::int64_t k) {
+    const double count =
+        plane > 0 ? __dmul_rn(static_cast<double>(sum[2 * channels]), plane) : 0.0;
+    const bool through_stats = count > 0;
     const double gk = __dmul_rn(g[k], is[k]);
     k1[k] = __double2float_rn(gk);
     k2[k] = through_stats ? __double2float_rn(__ddiv_rn(

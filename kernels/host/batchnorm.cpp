@@ -88,13 +88,14 @@ void batchnorm_sums(const Tensor& x, std::int64_t channels, Tensor& sums) {
   check_batch(op, "x must be [N, C, ...] f32, f16 or bf16 on the host", x, channels);
   kernels::detail::require(
       sums.defined() && sums.dtype() == DType::f32 && sums.device() == Device::cpu &&
-          sums.numel() >= 2 * channels,
-      op, "sums must be f32 on the host with at least 2C elements", sums);
+          sums.numel() >= 2 * channels + 1,
+      op, "sums must be f32 on the host with at least 2C + 1 elements", sums);
   const Layout l = layout(x, channels);
   const std::int64_t batch = x.dim(0);
   const void* in = x.raw();
   const DType dtype = x.dtype();
   float* out = sums.data<float>();
+  out[2 * channels] = static_cast<float>(batch);
   parallel_rows(label, channels, batch * l.plane, [=](std::int64_t c0, std::int64_t c1) {
     float block[kIoBlock];
     for (std::int64_t c = c0; c < c1; ++c) {
@@ -223,7 +224,7 @@ void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, std::int64_t chann
   });
 }
 
-void batchnorm_forward_coefs(const Tensor& sums, double count, bool training, const Tensor& gamma,
+void batchnorm_forward_coefs(const Tensor& sums, double plane, bool training, const Tensor& gamma,
                              const Tensor& beta, Tensor& running_mean, Tensor& running_var,
                              double momentum, double epsilon, Tensor& mean, Tensor& invstd,
                              Tensor& scale, Tensor& shift) {
@@ -233,8 +234,10 @@ void batchnorm_forward_coefs(const Tensor& sums, double count, bool training, co
   for (const Tensor* t : std::initializer_list<const Tensor*>{&beta, &running_mean, &running_var, &mean,
                                                               &invstd, &scale, &shift})
     check_channels(op, "per-channel values must be f32 [C] on the host", *t, c);
-  if (training) check_channels(op, "sums must be f32 [2C] on the host", sums, 2 * c);
+  if (training) check_channels(op, "sums must be f32 [2C + 1] on the host", sums, 2 * c + 1);
   const float* sum = training ? sums.data<float>() : nullptr;
+  const double count = training ? double{sum[2 * c]} * plane : 0.0;
+  training = training && count > 0;  // no sample: the running statistics, left as they are
   const float* g = gamma.data<float>();
   const float* b = beta.data<float>();
   float* rm = running_mean.data<float>();
@@ -264,15 +267,19 @@ void batchnorm_forward_coefs(const Tensor& sums, double count, bool training, co
   }
 }
 
-void batchnorm_backward_coefs(const Tensor& sums, double count, const Tensor& gamma,
+void batchnorm_backward_coefs(const Tensor& sums, double plane, const Tensor& gamma,
                               const Tensor& invstd, Tensor& dy_coef, Tensor& x_coef, Tensor& bias) {
   constexpr const char* op = "kernels::batchnorm_backward_coefs";
   const std::int64_t c = gamma.numel();
   check_channels(op, "gamma must be f32 on the host", gamma, c);
   for (const Tensor* t : std::initializer_list<const Tensor*>{&invstd, &dy_coef, &x_coef, &bias})
     check_channels(op, "per-channel values must be f32 [C] on the host", *t, c);
-  check_channels(op, "sums must be f32 [2C] on the host", sums, 2 * c);
+  if (plane > 0)
+    check_channels(op, "sums must be f32 [2C + 1] on the host", sums, 2 * c + 1);
+  else
+    check_channels(op, "sums must be f32 [2C] on the host", sums, 2 * c);
   const float* sum = sums.data<float>();
+  const double count = plane > 0 ? double{sum[2 * c]} * plane : 0.0;
   const float* g = gamma.data<float>();
   const float* is = invstd.data<float>();
   float* k1 = dy_coef.data<float>();

@@ -894,6 +894,12 @@ double Allreducer::finish(int keep) {
   return queued_backend(impl_->nccl, "finish").finish(keep);
 }
 
+bool Allreducer::sums_on_device() const { return impl_->nccl && impl_->nccl->sums_world(); }
+void Allreducer::sum_queued(float* data, std::int64_t count) {
+  if (count < 0) abort_job("comm::Allreducer::sum_queued: a negative count");
+  queued_backend(impl_->nccl, "sum_queued").sum_queued(data, count);
+}
+
 void Allreducer::set_device_backend(std::unique_ptr<detail::NcclAllreduce> backend) {
   if (!backend) abort_job("comm::Allreducer::set_device_backend: no backend");
   impl_->nccl = std::move(backend);

@@ -164,6 +164,12 @@ class Allreducer {
   void allreduce_queued(int slot, void* data, std::int64_t count, DType dtype);
   void join();
   double finish(int keep);
+  // Sync BN's statistics on the device: whether sum_queued() is possible (queues(), and the
+  // nccl communicator spans the world), and the queued f32 sum over the world of DATA[0,
+  // COUNT), in place, ordered on the device after the compute work queued so far and before
+  // the compute work queued after it (detail::NcclAllreduce::sum_queued).
+  bool sums_on_device() const;
+  void sum_queued(float* data, std::int64_t count);
   // Tests: BACKEND stands in for the nccl backend from now on (before the first call), so that
   // the queued form's users run on the CPU. Every call goes to it, as to the nccl backend.
   void set_device_backend(std::unique_ptr<detail::NcclAllreduce> backend);

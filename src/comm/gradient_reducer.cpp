@@ -2,7 +2,10 @@
 // communication thread that reduces launched buckets in order. Nothing is allocated per step.
 #include "comm/gradient_reducer.hpp"
 
+#include <mpi.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <exception>
 #include <string>
 #include <utility>
@@ -88,6 +91,12 @@ GradientReducer::GradientReducer(const Topology& topology, const AllreduceConfig
     allreducer_->register_buffer(std::move(shared));
   }
   spans_.resize(buckets_.size());
+  stats_on_host_ = [this] {
+    const CollectiveScope scope(Collective::allreduce);
+    MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, stats_data_, static_cast<int>(stats_count_),
+                                MPI_FLOAT, MPI_SUM, allreducer_->topology().world()));
+  };
+  stats_on_device_ = [this] { allreducer_->sum_queued(stats_data_, stats_count_); };
   // Device gradients under the nccl backend: the queued form, one slot per bucket.
   queued_ = allreducer_->queues();
   if (queued_) plan_slots();
@@ -225,6 +234,19 @@ void GradientReducer::run_collective(const std::function<void()>& fn) {
   collective_done_ = false;
   work_.notify_one();
   done_.wait(lock, [&] { return collective_done_; });
+}
+
+void GradientReducer::sum_stats(Tensor& sums) {
+  if (!sums.defined() || sums.dtype() != DType::f32 || sums.numel() > INT32_MAX)
+    abort_job("comm::GradientReducer::sum_stats: the statistics must be f32, at most 2^31 - 1");
+  const bool on_host = sums.device() == Device::cpu;
+  if (!on_host && !sums_on_device())
+    abort_job("comm::GradientReducer::sum_stats: device statistics need the nccl backend on one "
+              "node or flat-nccl; copy them to the host otherwise");
+  // Read by the communication thread inside run_collective, which orders it after these writes.
+  stats_data_ = sums.data<float>();
+  stats_count_ = sums.numel();
+  run_collective(on_host ? stats_on_host_ : stats_on_device_);
 }
 
 void GradientReducer::reduce_next(std::unique_lock<std::mutex>& lock) {

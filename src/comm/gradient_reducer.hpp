@@ -90,6 +90,13 @@ class GradientReducer {
   // Runs FN on the communication thread, after the buckets launched so far, and blocks until it
   // returned: how the main thread makes a collective call between begin() and wait().
   void run_collective(const std::function<void()>& fn);
+  // Sync BN's statistics: SUMS (f32) <- its sum over the world, in place, through
+  // run_collective() (in order with the buckets). Host data: an MPI_Allreduce, done on return.
+  // Device data, where sums_on_device(): queued on the comm stream after the compute work that
+  // wrote it, and compute work queued after the return waits for it on the device; the host
+  // does not wait (Allreducer::sum_queued). Other device data aborts: stage it through the host.
+  void sum_stats(Tensor& sums);
+  bool sums_on_device() const { return queued_ && allreducer_->sums_on_device(); }
   // After wait(): blocks until the device has run every call queued so far (the nccl backend;
   // nothing otherwise), polling NCCL's errors inside a collective scope. Call it before the host
   // reads what the step wrote on the device (a logged loss, a checkpoint, evaluation) and at the
@@ -163,6 +170,10 @@ class GradientReducer {
   int finished_ = 0;                                   // buckets it has reduced
   const std::function<void()>* collective_ = nullptr;  // pending run_collective(), not owned
   int collective_after_ = 0;  // ... to run once this many buckets are finished
+  // sum_stats()'s call, built once (a std::function per call could allocate) over these.
+  float* stats_data_ = nullptr;
+  std::int64_t stats_count_ = 0;
+  std::function<void()> stats_on_host_, stats_on_device_;
   bool collective_done_ = false;
   bool stopping_ = false;
   bool busy_ = false;          // the thread is reducing a bucket or running a collective

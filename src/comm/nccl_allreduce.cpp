@@ -107,6 +107,8 @@ class NcclBackend final : public NcclAllreduce {
   void allreduce_queued(int slot, void* data, std::int64_t count, DType dtype) override;
   void join() override;
   double finish(int keep) override;
+  bool sums_world() const override { return flat_ || topology_.num_nodes() == 1; }
+  void sum_queued(float* data, std::int64_t count) override;
 
  private:
   // Makes the communicator's device current on the calling thread (GradientReducer's thread, or
@@ -155,6 +157,8 @@ class NcclBackend final : public NcclAllreduce {
   };
   Join joins_[2];
   int oldest_join_ = 0, outstanding_joins_ = 0;
+  // sum_queued(): the compute stream before the call, and the comm stream after it.
+  cudaEvent_t stats_ready_ = nullptr, stats_done_ = nullptr;
   SumOps ops_;                          // the MPI types and sums of the wire dtypes, for the rails
   IntraPlan plan_;
   void* scratch_ = nullptr;
@@ -201,6 +205,8 @@ NcclBackend::NcclBackend(const Topology& topology, const AllreduceConfig& config
     MPT_CHECK_CUDA(cudaEventCreateWithFlags(&join.compute_end, cudaEventDefault));
     MPT_CHECK_CUDA(cudaEventCreateWithFlags(&join.comm_done, cudaEventDefault));
   }
+  MPT_CHECK_CUDA(cudaEventCreateWithFlags(&stats_ready_, cudaEventDisableTiming));
+  MPT_CHECK_CUDA(cudaEventCreateWithFlags(&stats_done_, cudaEventDisableTiming));
 }
 
 NcclBackend::~NcclBackend() {
@@ -221,6 +227,8 @@ NcclBackend::~NcclBackend() {
     }
   }
   if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
+  for (cudaEvent_t event : {stats_ready_, stats_done_})
+    if (event != nullptr) cudaEventDestroy(event);
   for (const Join& join : joins_)
     for (cudaEvent_t event : {join.compute_end, join.comm_done})
       if (event != nullptr) cudaEventDestroy(event);
@@ -392,6 +400,27 @@ double NcclBackend::finish(int keep) {
   }
   if (keep == 0) wait();  // and anything queued without a join
   return waited;
+}
+
+void NcclBackend::sum_queued(float* data, std::int64_t count) {
+  if (!sums_world())
+    abort_job("comm::Allreducer::sum_queued: the nccl communicator is this node's only; sum "
+              "across nodes through the host");
+  if (count <= 0) return;
+  select_device();
+  require_device_data(data);
+  // After the kernels that wrote DATA (everything on the compute stream so far: the caller
+  // waits in run_collective while this runs) and after the buckets queued before it: one
+  // communicator, one stream, one order of calls on every rank.
+  MPT_CHECK_CUDA(cudaEventRecord(stats_ready_, cudaStreamLegacy));
+  MPT_CHECK_CUDA(cudaStreamWaitEvent(stream_, stats_ready_, 0));
+  // The plain f32 sum, never the gradients' wire dtype or scaling: counts and sums of squares.
+  MPT_CHECK_NCCL(ncclAllReduce(data, data, static_cast<std::size_t>(count), ncclFloat32, ncclSum,
+                               comm_, stream_));
+  // As join(): a wait queued on the legacy stream holds every later kernel of the compute
+  // stream (the layer's coefficients next) until the sum is in, and the host goes on.
+  MPT_CHECK_CUDA(cudaEventRecord(stats_done_, stream_));
+  MPT_CHECK_CUDA(cudaStreamWaitEvent(cudaStreamLegacy, stats_done_, 0));
 }
 
 void NcclBackend::enqueue(void* data, std::int64_t count, DType dtype) {

@@ -71,6 +71,16 @@ class NcclAllreduce {
   // waited, on the device, for those joins' calls (from the compute work queued before each
   // join to its last call's end): the communication backward did not hide. Any thread.
   virtual double finish(int keep) = 0;
+
+  // Sync BN's statistics. True when sum_queued() sums over the whole world: the communicator
+  // spans it (flat-nccl, or hierarchical on one node). Across nodes the caller sums them
+  // through the host instead.
+  virtual bool sums_world() const = 0;
+  // DATA (COUNT f32 values, device memory) <- their sum over the world, in place, with no host
+  // wait: queued on the comm stream after the compute work queued so far (and after the calls
+  // queued before it), and compute work queued after it waits for it on the device. From the
+  // thread that queues the calls, in the same order on every rank. Abort unless sums_world().
+  virtual void sum_queued(float* data, std::int64_t count) = 0;
 };
 
 // Collective over TOPOLOGY's world (nccl_allreduce.cpp; only in a build with NCCL).

@@ -1,6 +1,7 @@
 // Batch normalisation as a layer: BatchNorm2d over (C,H,W) samples (statistics per channel over
 // N, H, W) or BatchNorm1d over (C) samples, like PyTorch's with momentum 0.1 and eps 1e-5.
-// Statistics are FP32 whatever the storage dtype, and can be summed across ranks (sync BN).
+// Statistics are FP32 whatever the storage dtype, and can be summed across ranks (sync BN)
+// where they are: the host never reads them inside a step.
 #pragma once
 
 #include <cstdint>
@@ -24,8 +25,8 @@ class BatchNorm final : public Layer {
   std::vector<ParamSpec> param_specs() const override;
   std::vector<BufferSpec> buffer_specs() const override;
   std::int64_t scratch_bytes() const override;
-  // On the cuda device the kernels get a device copy of the per-channel scratch, and gamma,
-  // beta and the running statistics a host copy for the per-channel arithmetic.
+  // The per-channel scratch moves with the kernels: all of BatchNorm's arithmetic, per-channel
+  // included, runs on the layer's device.
   void set_device(Device device) override;
 
   // Training: normalises with the batch's (global, under a stats reducer) mean and biased
@@ -37,43 +38,29 @@ class BatchNorm final : public Layer {
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
 
   std::int64_t channels() const { return channels_; }
-  // Only sync BN's statistics go through the host (an MPI all-reduce of the sums).
+  std::int64_t stats_values() const override { return 2 * channels_ + 1; }
+  // A stats reducer (sync BN) runs on the communication thread, which a capture cannot follow.
   std::string graph_blocker() const override {
     return context_ && context_->stats_reducer
-               ? "sync BN all-reduces its statistics through the host (--model.sync-bn)"
+               ? "sync BN all-reduces its statistics on the communication thread "
+                 "(--model.sync-bn)"
                : "";
   }
 
  private:
-  // The per-channel scratch's layout (f32, one allocation of 9C + 1): sums (2C + 1: the count
-  // rides along; sum dy then sum dy * xhat after backward), mean, invstd, scale, shift, and
-  // the three dx coefficients.
+  // The per-channel scratch's layout (f32, one allocation of 9C + 1): sums (2C + 1: the sample
+  // count rides along; sum dy then sum dy * xhat after backward, the count kept), mean, invstd,
+  // scale, shift, and the three dx coefficients.
   struct ScratchViews {
-    Tensor sums, sum_dy, sum_dy_xhat, mean, invstd, scale, shift, dy_coef, x_coef, bias;
-    Tensor forward_coefs, backward_coefs;  // mean..shift (4C) and the dx coefficients (3C)
+    Tensor sums, sum_dy, sum_dy_xhat, backward_sums, mean, invstd, scale, shift, dy_coef, x_coef,
+        bias;
   };
   static ScratchViews views_of(const Tensor& scratch, std::int64_t channels);
-  // VALUES (f32 [C]) readable on the host: VALUES itself on the host, else HOST_COPY, copied
-  // into (a synchronisation).
-  static Tensor& on_host(Tensor& values, Tensor& host_copy);
-  // True when the per-channel arithmetic must run on the host although the kernels run on the
-  // cuda device: sync BN, whose stats reducer sums host values across ranks.
-  bool arithmetic_on_host() const;
 
   std::int64_t channels_, plane_;
-  // The host's scratch: the kernels' own on the host; on the cuda device, where sync BN's
-  // per-channel arithmetic runs (arithmetic_on_host).
-  Tensor scratch_;
-  ScratchViews host_;
-  // The same layout where the kernels run (scratch_ itself on the host, a device copy on the
-  // cuda device), where the per-channel arithmetic runs too (kernels::batchnorm_*_coefs)
-  // unless arithmetic_on_host(): then sums and coefficients cross over, one copy each way.
-  Tensor kernel_scratch_;
-  ScratchViews kernel_;
-  // On the cuda device only: host copies of gamma, beta and the running statistics (4C).
-  Tensor host_copies_, gamma_host_, beta_host_, running_mean_host_, running_var_host_;
+  Tensor scratch_;  // where the kernels run
+  ScratchViews at_;
   bool last_training_ = false;
-  double last_count_ = 0;  // values per channel in the last training forward (all ranks)
 };
 
 }  // namespace mpt::nn

@@ -454,6 +454,12 @@ void Model::backward(const Tensor& dlogits, const GradsReady& grads_ready) {
   }
 }
 
+std::int64_t Model::stats_values() const {
+  std::int64_t most = 0;
+  for (const auto& layer : layers_) most = std::max(most, layer->stats_values());
+  return most;
+}
+
 std::string Model::graph_blocker() const {
   for (const auto& layer : layers_)
     if (std::string why = layer->graph_blocker(); !why.empty()) return layer->name() + ": " + why;

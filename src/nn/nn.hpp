@@ -74,9 +74,11 @@ HostConvPath host_conv_path();
 HostConvPath host_conv_path_from_name(const std::string& name, const std::string& option);
 const char* host_conv_path_name(HostConvPath path);
 
-// Sums COUNT floats at DATA element-wise across the ranks of a data-parallel job, in place. The
-// trainer installs one (an MPI_Allreduce) for synchronised BatchNorm; nn knows nothing of MPI.
-using StatsReducer = std::function<void(float* data, std::int64_t count)>;
+// Sums SUMS (f32, on the layer's device) element-wise across the ranks of a data-parallel job,
+// in place: on return, work queued after it (kernels on the compute stream) sees the sums,
+// without the host having read them. The trainer installs one for synchronised BatchNorm (an
+// MPI_Allreduce, or ncclAllReduce on the device's comm stream); nn knows nothing of MPI.
+using StatsReducer = std::function<void(Tensor& sums)>;
 
 // Model::backward's per-layer hook: GRAD_OFFSET is the element offset in Model::grads() from
 // which every gradient is final (layers run last to first and own ascending ranges).
@@ -178,6 +180,9 @@ class Layer {
   // every step must launch the same work, read per-step values from the device and never wait
   // for the host), or "" when it can.
   virtual std::string graph_blocker() const { return ""; }
+  // The most values this layer hands the stats reducer in one call (BN: 2C + 1), so that a
+  // reducer that stages them can plan its buffer; 0 for a layer that hands none.
+  virtual std::int64_t stats_values() const { return 0; }
 
   // Y = layer(X) for a batch. TRAINING selects batch statistics (BN) and masks (dropout).
   virtual void forward(const Tensor& x, Tensor& y, bool training) = 0;
@@ -270,6 +275,8 @@ class Model {
   // "LAYER: why" for the first layer whose step cannot be captured in a CUDA graph
   // (Layer::graph_blocker), or "" when the whole step can.
   std::string graph_blocker() const;
+  // The largest stats_values() of its layers: what one stats reducer call may hand over.
+  std::int64_t stats_values() const;
 
   DType precision() const { return precision_; }
   Device device() const { return device_; }

@@ -2,6 +2,8 @@
 // plans the intermediate activations, and runs the two paths forward and backward.
 #include "nn/resblock.hpp"
 
+#include <algorithm>
+
 #include "core/error.hpp"
 #include "kernels/add.hpp"
 #include "kernels/relu.hpp"
@@ -59,6 +61,12 @@ std::string ResBlock::graph_blocker() const {
   for (const auto& child : children_)
     if (std::string why = child->graph_blocker(); !why.empty()) return child->name() + ": " + why;
   return "";
+}
+
+std::int64_t ResBlock::stats_values() const {
+  std::int64_t most = 0;
+  for (const auto& child : children_) most = std::max(most, child->stats_values());
+  return most;
 }
 
 std::vector<Layer::Row> ResBlock::child_rows() const {

@@ -615,8 +615,8 @@ bool stages_gradients(Device device, const comm::AllreduceConfig& allreduce) {
 // delivers the batches there, loss, gradient accumulation and optimizer run there, the nccl
 // backend all-reduces the gradients in place (the host backends reduce a pinned host twin,
 // bucket by bucket: stages_gradients),
-// sync-BN's per-channel sums go through the host as BatchNorm's arithmetic does, checkpoints and
-// evaluation go through host copies. Setting this to false keeps --device=auto on the cpu and
+// sync-BN's per-channel sums are summed on the device with nccl (through a host copy under the
+// host backends), checkpoints and evaluation go through host copies. Setting this to false keeps --device=auto on the cpu and
 // refuses --device=cuda after the device checks.
 constexpr bool kTrainsOnCuda = true;
 
@@ -659,7 +659,7 @@ void check_graphs(const RunConfig& config, Device device, const nn::Model& model
               "leave --cuda.graphs off to accumulate gradients");
   MPT_REQUIRE(!config.model.sync_bn,
               "--cuda.graphs cannot capture --model.sync-bn: its statistics are all-reduced "
-              "through the host inside the step",
+              "by the communication thread inside the step",
               "leave one of the two off");
   const std::string blocker = model.graph_blocker();
   MPT_REQUIRE(blocker.empty(), "--cuda.graphs cannot capture layer " + blocker,
@@ -1160,23 +1160,22 @@ TrainSummary Trainer::run() {
   // Rank 0 draws the initial weights and broadcasts them: the ranks start identical even if a
   // site's libm differs between nodes.
   if (root) model->init_params(config.loop.seed, nn::init_scheme_from_name(config.model.init, "--model.init"));
-  // Sync BN: the layers' per-channel sums (and the sample count) are summed over the world, on
-  // the reducer's thread, in order with the buckets (only one thread calls MPI at a time). The
-  // two functions are built once: a std::function per call could allocate.
-  struct StatsCall {
-    float* data = nullptr;
-    std::int64_t count = 0;
-  } stats_call;
-  const std::function<void()> reduce_stats = [&stats_call, comm = world.handle()] {
-    MPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, stats_call.data, static_cast<int>(stats_call.count),
-                                MPI_FLOAT, MPI_SUM, comm));
-  };
+  // Sync BN: the layers' per-channel sums (and the sample count) are summed over the world on
+  // the reducer's thread, in order with the buckets (one thread calls MPI and queues NCCL
+  // calls at a time). On cuda, with the nccl backend on one node or flat-nccl, on the device
+  // without a host wait (GradientReducer::sum_stats); under the host backends or across
+  // nodes, through a host copy planned here (each call then waits for the device: docs/gpu.md).
+  Tensor stats_host;
+  if (config.model.sync_bn && model->device() != Device::cpu && !reducer.sums_on_device())
+    stats_host = Tensor({std::max<std::int64_t>(1, model->stats_values())}, DType::f32);
   if (config.model.sync_bn)
-    model->set_stats_reducer(
-        [&reducer, &stats_call, &reduce_stats](float* data, std::int64_t count) {
-          stats_call = {data, count};
-          reducer.run_collective(reduce_stats);
-        });
+    model->set_stats_reducer([&reducer, &stats_host](Tensor& sums) {
+      if (!stats_host.defined()) return reducer.sum_stats(sums);
+      Tensor host = Tensor::view(stats_host, 0, {sums.numel()});
+      kernels::copy(sums, host);
+      reducer.sum_stats(host);
+      kernels::copy(host, sums);
+    });
   broadcast_from_root(model->master_params(), world);
   model->recast_from_master();  // the 16-bit working copy (a no-op under fp32)
 
@@ -2013,6 +2012,12 @@ TrainSummary Trainer::run() {
         // Where the buckets were reduced: in place in host memory, through the staged host twin
         // (cuda under the MPI backends), or queued on NCCL's stream on the device.
         .add("gradient_path", staged ? "staged" : reducer.allreducer().queues() ? "device" : "host")
+        // Where sync BN summed its statistics: off, host memory (cpu), staged (cuda through a
+        // host copy: the host backends, or nccl across nodes) or device (NCCL's stream).
+        .add("bn_stats_path", !config.model.sync_bn ? "off"
+                              : !on_cuda            ? "host"
+                              : stats_host.defined() ? "staged"
+                                                     : "device")
         .add("overlap", overlap)
         .add("buckets", reducer.num_buckets()).add("accumulate", accumulate)
         .add("precision", config.amp.precision).add("loss_scale", summary.loss_scale)

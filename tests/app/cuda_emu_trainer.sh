@@ -90,7 +90,7 @@ no_step_waits() {
   LOG_EVERY=100 MPTRAIN_CUDAEMU_WAIT_LOG="$TMP/$name.waits" \
     train "$name" "$np" --train.max-steps=10 --output.timeline "$@" || return 0
   local out
-  if out=$(python3 - "$TMP" "$name" "$np" <<'PY'
+  if out=$(python3 - "$TMP" "$name" "$np" 2>&1 <<'PY'
 import glob, json, sys
 tmp, name, np = sys.argv[1], sys.argv[2], int(sys.argv[3])
 logs = {}
@@ -198,14 +198,39 @@ train np2-cpu 2 "${np2[@]}" --device=cpu && train np2-cuda 2 "${np2[@]}" --devic
 }
 unset MPTRAIN_CUDAEMU_DEVICES
 
-# resnet-mini on two ranks: BatchNorm with its statistics synchronised across the ranks (through
-# the host), residual blocks, global pooling, and two micro-batches accumulated per step.
+# resnet-mini on two ranks: BatchNorm with its statistics synchronised across the ranks,
+# residual blocks, global pooling, and two micro-batches accumulated per step. On one emulated
+# device the ranks share it, so the host backends reduce: the statistics go through a host copy
+# ("staged"). With a device each and NCCL they are summed on the device, on NCCL's stream
+# ("device"); across emulated nodes of one rank, through the host again (NCCL spans a node only).
 resnet=(--model.name=resnet-mini --train.max-steps=2 --train.batch-size=16 --train.accumulate=2
         --model.sync-bn=true)
+# bn_stats_path NAME WANT: where the run summed sync BN's statistics.
+bn_stats_path() {
+  [ "$(summary "$1" bn_stats_path)" = "$2" ] && pass "$1: sync BN statistics summed: $2" ||
+    fail "$1: bn_stats_path $(summary "$1" bn_stats_path), expected $2"
+}
 train resnet-cpu 2 "${resnet[@]}" --device=cpu && train resnet-cuda 2 "${resnet[@]}" --device=cuda && {
   on_cuda resnet-cuda
-  same_losses resnet-cpu resnet-cuda 1e-4
+  bn_stats_path resnet-cpu host
+  bn_stats_path resnet-cuda staged
+  # fp32 on both: the same arithmetic but the order of a few sums (5.5e-9 seen). A BN layer that
+  # read its local sums instead of the global ones shows at 5e-5.
+  same_losses resnet-cpu resnet-cuda 1e-6
 }
+if [ "${MPT_CUDAEMU_NCCL:-}" = ON ]; then
+  for variant in "nccl device" "nodes staged --comm.ranks-per-node=1"; do
+    set -- $variant
+    name=resnet-$1 want=$2; shift 2
+    MPTRAIN_CUDAEMU_DEVICES=2 train "$name" 2 "${resnet[@]}" --device=cuda --comm.intra=nccl "$@" && {
+      on_cuda "$name"
+      bn_stats_path "$name" "$want"
+      same_losses resnet-cpu "$name" 1e-6
+      # Two ranks' sums are the same bits whichever way they were added.
+      same_losses resnet-cuda "$name" 0
+    }
+  done
+fi
 
 # Stopped by a signal at step 3 and resumed from its checkpoint: the same per-step losses as the
 # uninterrupted run, bit for bit (fp16 AdamW: the device's loss scale, moments and step state go
@@ -235,8 +260,8 @@ fi
 
 # No host wait for a step's own work: the nccl backend waits for the previous step's calls, not
 # this one's (comm::GradientReducer::wait). One rank (auto takes nccl), graph-captured steps, the
-# fp16 cnn (cuDNN), bf16 resnet-mini accumulating two micro-batches, and two ranks on nccl inside
-# the node and on flat nccl. Logged once, at the
+# fp16 cnn (cuDNN), bf16 resnet-mini accumulating two micro-batches, two ranks on nccl inside
+# the node and on flat nccl, and resnet-mini with sync BN on two ranks. Logged once, at the
 # end, these runs drain the all-reduce only there: the optimizer's wait for the calls is then
 # join()'s device-side wait alone, which the two-rank losses check against the cpu's.
 if [ "${MPT_CUDAEMU_NCCL:-}" = ON ]; then
@@ -250,6 +275,10 @@ if [ "${MPT_CUDAEMU_NCCL:-}" = ON ]; then
   waits+=(--comm.bucket-mb=1 --comm.overlap=on)
   no_step_waits waits-nccl 2 "${waits[@]}" --device=cuda --comm.intra=nccl
   no_step_waits waits-flat 2 "${waits[@]}" --device=cuda --comm.allreduce=flat-nccl
+  # Sync BN: its statistics are summed on NCCL's stream inside forward and backward, and the
+  # next kernels wait for them on the device, not the host.
+  no_step_waits waits-syncbn 2 --model.name=resnet-mini --train.batch-size=8 --model.sync-bn=true \
+    --device=cuda --comm.intra=nccl
   unset MPTRAIN_CUDAEMU_DEVICES
   LOG_EVERY=100 train waits-cpu 2 "${waits[@]}" --device=cpu --train.max-steps=10 && {
     same_losses waits-cpu waits-nccl 2e-2

@@ -303,7 +303,16 @@ class QueuedStandIn final : public detail::NcclAllreduce {
     }
     return 0;
   }
+  // Sync BN's sums: an f32 MPI sum at once (the device would run it before the compute work
+  // queued after it), counted.
+  bool sums_world() const override { return true; }
+  void sum_queued(float* data, std::int64_t count) override {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    ++sums_;
+  }
   int completed_joins() const { return completed_; }
+  int sums() const { return sums_; }
   std::int64_t planned_max_count() const { return planned_max_count_; }
 
  private:
@@ -323,7 +332,7 @@ class QueuedStandIn final : public detail::NcclAllreduce {
   std::mutex mutex_;
   std::vector<State> state_;
   std::vector<Pending> pending_;
-  int outstanding_ = 0, completed_ = 0;
+  int outstanding_ = 0, completed_ = 0, sums_ = 0;
   std::int64_t planned_max_count_ = 0;
   DType planned_dtype_ = DType::f32;
 };
@@ -438,6 +447,8 @@ TEST_P(ReducerCases, BucketedEqualsOneFlatAllreduceForAnyBucketSize) {
     if (queued) {
       EXPECT_EQ(queued->planned_max_count(), largest) << "the largest bucket, planned";
     }
+    // The stand-in's communicator spans the world, as the nccl backend's on one node.
+    EXPECT_EQ(reducer.sums_on_device(), queued != nullptr);
     for (int step = 0; step < 3; ++step) {
       // Garbage until "backward" writes a parameter: a bucket launched too early reads NaN.
       for (std::int64_t i = 0; i < kCount; ++i) set(i, std::nanf(""));
@@ -453,6 +464,14 @@ TEST_P(ReducerCases, BucketedEqualsOneFlatAllreduceForAnyBucketSize) {
           reducer.run_collective(
               [&] { MPI_Allreduce(&value, &sum, 1, MPI_INT, MPI_SUM, topology.world()); });
           EXPECT_EQ(sum, size * (size + 1) / 2);
+          // Sync BN's statistics in host memory: an f32 sum over the world, in place, among the
+          // buckets. (Device statistics take the queued backend's sum_queued: gpu_nccl_allreduce.)
+          Tensor stats({3}, DType::f32);
+          for (int i = 0; i < 3; ++i) stats.data<float>()[i] = static_cast<float>(rank + 1 + i);
+          reducer.sum_stats(stats);
+          for (int i = 0; i < 3; ++i)
+            EXPECT_EQ(stats.data<float>()[i], static_cast<float>(size * (size + 1) / 2 + size * i))
+                << i;
         }
       }
       reducer.wait();

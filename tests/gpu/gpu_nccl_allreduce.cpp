@@ -3,7 +3,8 @@
 // sizes {0, 1, 7, 1000, 1M+3} at odd offsets into a device buffer, f32 data with f32, f16 or bf16
 // on the wire and 16-bit data with its own, plain sums and pre/postscaled ones, against a float64
 // sum and for identical bits on every rank; then GradientReducer's buckets on device gradients
-// (the trainer's use: the queued form, calls from its communication thread). Runs under mpiexec.
+// (the trainer's use: the queued form, calls from its communication thread), and sync BN's
+// statistics summed on the device among them. Runs under mpiexec.
 // NCCL refuses two ranks on one GPU, so where the ranks of a node outnumber its GPUs (np 2 on the
 // one-H200 check machine) every rank reports SKIPPED (exit 77) with the reason, as it does
 // without a device or without NCCL. On one GPU only np 1 runs: NCCL's calls on a communicator of
@@ -174,6 +175,67 @@ void check_gradient_reducer(Harness& harness, const Topology& topology, Allreduc
   }
 }
 
+// Sync BN's statistics on the device (GradientReducer::sum_stats, the nccl backend's
+// sum_queued): in the middle of a step, between queued buckets, 2C + 1 f32 values summed over
+// the world in place, read back by a copy on the legacy stream (ordered after the sum by the
+// device-side wait alone: no drain), exact for small integers; the buckets around it still
+// reduce right. EXPECT_ON_DEVICE: whether TOPOLOGY's communicator spans the world (one node or
+// flat-nccl), which sums_on_device() must report; across emulated nodes it is false, and the
+// trainer sums through the host instead (not run here).
+void check_stats_sums(Harness& harness, const std::string& label, const Topology& topology,
+                      AllreduceConfig config, bool expect_on_device) {
+  const std::int64_t count = 20000, values = 2 * 64 + 1;
+  const std::vector<std::int64_t> offsets = {0, 5000, 12000};
+  Tensor grads({count}, DType::f32, Device::cuda);
+  Tensor stats({values}, DType::f32, Device::cuda);
+  std::vector<float> host(static_cast<std::size_t>(count)), sums(static_cast<std::size_t>(values));
+  config.wire = DType::f32;
+  GradientReducer reducer(topology, config, grads, offsets, 16 << 10, 16 << 10);
+  const bool on_device = all_ranks(reducer.sums_on_device() == expect_on_device);
+  if (world_rank() == 0)
+    harness.expect(on_device, label + ": sums_on_device() is " +
+                                  (expect_on_device ? "true" : "false"));
+  if (!expect_on_device) return;
+  for (int step = 1; step <= 2; ++step) {
+    for (std::int64_t i = 0; i < count; ++i)
+      host[static_cast<std::size_t>(i)] = step * contribution(DType::f32, world_rank(), i);
+    device_memory::copy(grads.raw(), Device::cuda, host.data(), Device::cpu, grads.size_bytes());
+    for (std::int64_t i = 0; i < values; ++i)
+      sums[static_cast<std::size_t>(i)] = static_cast<float>(step * (world_rank() + 1) + i);
+    device_memory::copy(stats.raw(), Device::cuda, sums.data(), Device::cpu, stats.size_bytes());
+    reducer.begin();
+    reducer.ready_from(offsets[2]);  // a bucket queued before the statistics
+    reducer.sum_stats(stats);
+    device_memory::copy(sums.data(), Device::cpu, stats.raw(), Device::cuda, stats.size_bytes());
+    const int ranks = world_size();
+    std::int64_t bad = 0;
+    for (std::int64_t i = 0; i < values; ++i)
+      bad += sums[static_cast<std::size_t>(i)] !=
+             static_cast<float>(step * ranks * (ranks + 1) / 2 + ranks * i);
+    reducer.wait();
+    reducer.drain();
+    device_memory::copy(host.data(), Device::cpu, grads.raw(), Device::cuda, grads.size_bytes());
+    std::int64_t wrong = 0;
+    for (std::int64_t i = 0; i < count; ++i) {
+      double exact = 0, magnitudes = 0;
+      for (int r = 0; r < ranks; ++r) {
+        exact += step * contribution(DType::f32, r, i);
+        magnitudes += std::fabs(step * contribution(DType::f32, r, i));
+      }
+      if (!(std::fabs(host[static_cast<std::size_t>(i)] - exact) <= (ranks + 2) * 0x1p-24 * magnitudes))
+        ++wrong;
+    }
+    const bool ok = all_ranks(bad == 0), grads_ok = all_ranks(wrong == 0);
+    if (world_rank() == 0) {
+      const std::string at = label + ", step " + std::to_string(step);
+      harness.expect(ok, at + ": " + std::to_string(values) + " statistics summed on the device",
+                     std::to_string(bad) + " wrong sums on some rank");
+      harness.expect(grads_ok, at + ": the buckets around the statistics",
+                     std::to_string(wrong) + " wrong gradients on some rank");
+    }
+  }
+}
+
 // Every rank says the same: prints on rank 0, returns 77 everywhere.
 int skip(const std::string& why) {
   if (world_rank() == 0) std::printf("SKIPPED: %s\n", why.c_str());
@@ -217,6 +279,16 @@ int run() {
     check_algorithm(harness, "hierarchical nccl, nodes of " + std::to_string(k), nodes, config);
   }
   check_gradient_reducer(harness, machine, config);
+  check_stats_sums(harness, "sync BN sums, hierarchical nccl", machine, config,
+                   machine.num_nodes() == 1);
+  if (world_size() > 1)
+    check_stats_sums(harness, "sync BN sums, hierarchical nccl, nodes of 1",
+                     Topology(MPI_COMM_WORLD, 1), config, false);
+  if (shared.in_world.empty()) {
+    AllreduceConfig flat = config;
+    flat.algorithm = Algorithm::flat_nccl;
+    check_stats_sums(harness, "sync BN sums, flat-nccl", machine, flat, true);
+  }
 
   int failed = harness.failed();
   MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

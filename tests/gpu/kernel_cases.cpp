@@ -1310,10 +1310,10 @@ void batchnorm_coefs_cases(Harness& h, Random& rng) {
                     count);
       const Shape shape = plane == 1 ? Shape{batch, channels} : Shape{batch, channels, plane};
       Tensor x = rng.tensor(shape, DType::f32, kOffset - 1.f, kOffset + 1.f);
-      // 2C + 1 as the layer's (the last one its sample count): the kernels read the first 2C.
+      // 2C + 1 as the layer's: the last one is the sample count, which batchnorm_sums writes
+      // and the coefficients multiply by the plane.
       Tensor sums({2 * channels + 1}, DType::f32);
       float* hs = sums.data<float>();
-      hs[2 * channels] = static_cast<float>(batch);
       kernels::batchnorm_sums(x, channels, sums);
       if (channels > 1) {
         const std::int64_t flat = channels - 1;
@@ -1349,10 +1349,11 @@ void batchnorm_coefs_cases(Harness& h, Random& rng) {
         Tensor invstdd = dev(rng.tensor({channels}, DType::f32));
         Tensor scaled = dev(rng.tensor({channels}, DType::f32));
         Tensor shiftd = dev(rng.tensor({channels}, DType::f32));
-        kernels::batchnorm_forward_coefs(sums, count, training, gamma, beta, running_mean,
-                                         running_var, kMomentum, kEpsilon, mean, invstd, scale,
-                                         shift);
-        kernels::batchnorm_forward_coefs(sumsd, count, training, gammad, betad, running_meand,
+        kernels::batchnorm_forward_coefs(sums, static_cast<double>(plane), training, gamma, beta,
+                                         running_mean, running_var, kMomentum, kEpsilon, mean,
+                                         invstd, scale, shift);
+        kernels::batchnorm_forward_coefs(sumsd, static_cast<double>(plane), training, gammad, betad,
+                                         running_meand,
                                          running_vard, kMomentum, kEpsilon, meand, invstdd, scaled,
                                          shiftd);
         const std::string forward = "batchnorm_forward_coefs" + mode + dims;
@@ -1365,26 +1366,80 @@ void batchnorm_coefs_cases(Harness& h, Random& rng) {
 
         // Backward from real sums (sum dy, sum dy xhat) over the host's mean and invstd, given
         // to both twins, so that a forward mismatch does not spill over.
-        Tensor grad_sums({2 * channels}, DType::f32);
+        // The forward's sample count stays after them (backward_sums writes only 2C).
+        Tensor grad_sums({2 * channels + 1}, DType::f32);
+        grad_sums.data<float>()[2 * channels] = static_cast<float>(batch);
         kernels::batchnorm_backward_sums(x, dy, channels, mean, invstd, grad_sums);
+        h.expect(grad_sums.data<float>()[2 * channels] == static_cast<float>(batch),
+                 std::string("batchnorm_backward_sums leaves the sample count") + dims);
         const Tensor grad_sumsd = dev(grad_sums), invstd_in = dev(invstd);
-        for (double backward_count : {count, 0.0}) {
+        for (double backward_plane : {static_cast<double>(plane), 0.0}) {
           Tensor dy_coef({channels}, DType::f32), x_coef({channels}, DType::f32),
               bias({channels}, DType::f32);
           Tensor dy_coefd = dev(rng.tensor({channels}, DType::f32));
           Tensor x_coefd = dev(rng.tensor({channels}, DType::f32));
           Tensor biasd = dev(rng.tensor({channels}, DType::f32));
-          kernels::batchnorm_backward_coefs(grad_sums, backward_count, gamma, invstd, dy_coef,
+          kernels::batchnorm_backward_coefs(grad_sums, backward_plane, gamma, invstd, dy_coef,
                                             x_coef, bias);
-          kernels::batchnorm_backward_coefs(grad_sumsd, backward_count, gammad, invstd_in, dy_coefd,
+          kernels::batchnorm_backward_coefs(grad_sumsd, backward_plane, gammad, invstd_in, dy_coefd,
                                             x_coefd, biasd);
           char counts[40];
-          std::snprintf(counts, sizeof counts, " backward count=%g", backward_count);
+          std::snprintf(counts, sizeof counts, " backward count=%g",
+                        backward_plane * static_cast<double>(batch));
           const std::string backward = "batchnorm_backward_coefs" + mode + counts + dims;
           h.expect_same_bytes(backward + " dy_coef", dy_coefd, dy_coef);
           h.expect_same_bytes(backward + " x_coef", x_coefd, x_coef);
           h.expect_same_bytes(backward + " bias", biasd, bias);
         }
+      }
+
+      // The count is SUMS[2C] times the plane, not this batch: after sync BN's sum over ranks it
+      // is the global batch (here three ranks' worth), and 0 when no rank had a sample, where
+      // training must leave the running statistics alone and normalise as evaluation does.
+      for (const float samples : {3.f * static_cast<float>(batch), 0.f}) {
+        Tensor pooled = sums.to(Device::cpu);
+        pooled.data<float>()[2 * channels] = samples;
+        const Tensor pooledd = dev(pooled);
+        const Tensor rm_before = running_mean.to(Device::cpu), rv_before = running_var.to(Device::cpu);
+        Tensor rm = rm_before.to(Device::cpu), rv = rv_before.to(Device::cpu);
+        Tensor rmd = dev(rm_before), rvd = dev(rv_before);
+        Tensor mean({channels}, DType::f32), invstd({channels}, DType::f32);
+        Tensor scale({channels}, DType::f32), shift({channels}, DType::f32);
+        Tensor meand = dev(mean), invstdd = dev(invstd), scaled = dev(scale), shiftd = dev(shift);
+        kernels::batchnorm_forward_coefs(pooled, static_cast<double>(plane), true, gamma, beta, rm,
+                                         rv, kMomentum, kEpsilon, mean, invstd, scale, shift);
+        kernels::batchnorm_forward_coefs(pooledd, static_cast<double>(plane), true, gammad, betad,
+                                         rmd, rvd, kMomentum, kEpsilon, meand, invstdd, scaled,
+                                         shiftd);
+        char what[80];
+        std::snprintf(what, sizeof what, "batchnorm_forward_coefs with %g samples in the sums",
+                      static_cast<double>(samples));
+        const std::string forward = what + std::string(dims);
+        h.expect_same_bytes(forward + " mean", meand, mean);
+        h.expect_same_bytes(forward + " invstd", invstdd, invstd);
+        h.expect_same_bytes(forward + " shift", shiftd, shift);
+        h.expect_same_bytes(forward + " running_var (in place)", rvd, rv);
+        const double pooled_count = static_cast<double>(samples) * static_cast<double>(plane);
+        const float want_mean = samples > 0 ? static_cast<float>(hs[0] / pooled_count)
+                                            : rm_before.data<float>()[0];
+        h.expect(mean.data<float>()[0] == want_mean, forward + " mean[0] from that count");
+        h.expect((samples > 0) != (std::memcmp(rm.raw(), rm_before.raw(), rm.size_bytes()) == 0),
+                 forward + (samples > 0 ? " moves" : " keeps") + " the running mean");
+        // Backward through that count: x_coef and bias divide by it (0 samples: both 0).
+        Tensor grad_sums = pooled.to(Device::cpu);
+        const Tensor grad_sumsd = dev(grad_sums);
+        Tensor dy_coef({channels}, DType::f32), x_coef({channels}, DType::f32),
+            bias({channels}, DType::f32);
+        Tensor dy_coefd = dev(dy_coef), x_coefd = dev(x_coef), biasd = dev(bias);
+        kernels::batchnorm_backward_coefs(grad_sums, static_cast<double>(plane), gamma, invstd,
+                                          dy_coef, x_coef, bias);
+        kernels::batchnorm_backward_coefs(grad_sumsd, static_cast<double>(plane), gammad,
+                                          dev(invstd), dy_coefd, x_coefd, biasd);
+        h.expect_same_bytes(forward + " backward x_coef", x_coefd, x_coef);
+        h.expect_same_bytes(forward + " backward bias", biasd, bias);
+        const double g0 = double{gamma.data<float>()[0]} * invstd.data<float>()[0];
+        const float want_bias = samples > 0 ? static_cast<float>(-g0 * hs[0] / pooled_count) : 0.f;
+        h.expect(bias.data<float>()[0] == want_bias, forward + " backward bias[0] from that count");
       }
     }
 }
@@ -1435,11 +1490,15 @@ void case_batchnorm(Harness& h, Random& rng) {
 
         // Statistics: sum relative to sum |x|, squares to themselves; then the variance the
         // layer derives from the device's sums against a two-pass float64 one.
-        Tensor sums({2 * channels}, DType::f32);
-        Tensor sumsd = dev(rng.tensor({2 * channels}, DType::f32));  // overwritten
+        // The sample count rides after the 2C sums: exact, so any tolerance catches a wrong one.
+        Tensor sums({2 * channels + 1}, DType::f32);
+        Tensor sumsd = dev(rng.tensor({2 * channels + 1}, DType::f32));  // overwritten
         kernels::batchnorm_sums(x, channels, sums);
         kernels::batchnorm_sums(xd, channels, sumsd);
-        Tensor size({2 * channels}, DType::f32);
+        h.expect(sums.data<float>()[2 * channels] == static_cast<float>(batch),
+                 std::string("batchnorm_sums sample count on the host") + dims);
+        Tensor size({2 * channels + 1}, DType::f32);
+        size.data<float>()[2 * channels] = static_cast<float>(batch);
         std::vector<double> exact_var(channels), mean_square(channels);
         for (std::int64_t c = 0; c < channels; ++c) {
           double total = 0, squares = 0, centred = 0;

@@ -54,9 +54,10 @@ TEST(SyncBatchNorm, SlicesOnRanksEqualTheWholeBatchOnOneRank) {
   synced.init_params(5);
   synced.plan(local);
   int calls = 0;
-  synced.set_stats_reducer([&calls](float* data, std::int64_t count) {
+  synced.set_stats_reducer([&calls](Tensor& sums) {
     ++calls;
-    MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, sums.raw(), static_cast<int>(sums.numel()), MPI_FLOAT, MPI_SUM,
+                  MPI_COMM_WORLD);
   });
   Tensor x_slice = Tensor::view(x, rank * local * features, {local, 2, 6, 6});
   Tensor r_slice = Tensor::view(r, rank * local * 3, {local, 3});
