@@ -29,6 +29,7 @@
 #include "core/device_memory.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
+#include "core/profile.hpp"
 #include "data/data.hpp"
 #include "export/export.hpp"
 #include "kernels/add.hpp"
@@ -1557,9 +1558,14 @@ TrainSummary Trainer::run() {
   for (std::int64_t epoch = resume.epoch; epoch < config.loop.epochs && step < total_steps && !stopping; ++epoch) {
     const auto epoch_start = Clock::now();
     const std::int64_t first_step = epoch == resume.epoch ? resume.epoch_step : 0;
+    char step_range[32];  // "step N": the step's NVTX range
     for (std::int64_t epoch_step = first_step; epoch_step < steps_per_epoch && step < total_steps && !stopping;
          ++epoch_step) {
       const auto step_start = Clock::now();
+      // NVTX ranges (core/profile.hpp) for Nsight Systems: the step, and inside it the phases
+      // the timeline records.
+      std::snprintf(step_range, sizeof step_range, "step %lld", static_cast<long long>(step + 1));
+      profile::push(step_range);
       const std::int64_t allocations_before = tensor_allocations_on_this_thread();
       const std::int64_t slabs_before = on_cuda ? device_memory::cuda_arena_stats().slabs : 0;
       const std::int64_t first_batch = epoch_step * accumulate;
@@ -1575,7 +1581,9 @@ TrainSummary Trainer::run() {
         const bool last_micro = micro + 1 == group;
         const auto wait_start = Clock::now();
         comm::set_phase(comm::Phase::data, step + 1);
+        profile::push("data_wait");
         const data::Batch& input = prefetcher.next();  // with --data.prefetch=0 this is the read
+        profile::pop();
         const double data_wait = seconds_since(wait_start);
         if (timeline) timeline->span("data_wait", Timeline::kTraining, wait_start, Clock::now(), step + 1);
         window_data_wait += data_wait;
@@ -1591,6 +1599,7 @@ TrainSummary Trainer::run() {
             config.loop.seed, static_cast<std::uint64_t>(micro_step),
             static_cast<std::uint64_t>(world.rank()) * static_cast<std::uint64_t>(batch));
         comm::set_phase(comm::Phase::forward);
+        profile::push("forward");
         // MPTRAIN_FAULT=slow-rank:RANK:MS: RANK's forward takes MS longer (a straggler).
         if (state_->fault.kind == "slow-rank" && state_->fault.rank == world.rank())
           std::this_thread::sleep_for(std::chrono::milliseconds(state_->fault.step));
@@ -1638,7 +1647,9 @@ TrainSummary Trainer::run() {
           kernels::softmax_xent_step(logits, labels, dlogits, grad_scale, step_state);
         }
         const auto backward_start = Clock::now();
+        profile::pop();
         comm::set_phase(comm::Phase::backward);
+        profile::push("backward");
         window_forward += std::chrono::duration<double>(backward_start - forward_start).count();
         // Known here only without a lag (the state is host memory, read at once): the sum over
         // the step's micro-batches so far. Deferred, it is taken as finite: backward runs, and
@@ -1692,6 +1703,7 @@ TrainSummary Trainer::run() {
           if (must_poison) poison(grads);
         }
         window_backward += seconds_since(backward_start);
+        profile::pop();
         if (timeline) {
           timeline->span("forward", Timeline::kTraining, forward_start, backward_start, step + 1);
           timeline->span("backward", Timeline::kTraining, backward_start, Clock::now(), step + 1);
@@ -1706,10 +1718,13 @@ TrainSummary Trainer::run() {
       }
       const auto wait_called = Clock::now();
       comm::set_phase(comm::Phase::allreduce);
+      profile::push("allreduce_wait");
       reducer.wait();
       take_reducer_times();
+      profile::pop();
       const auto optimizer_start = Clock::now();
       comm::set_phase(comm::Phase::optimizer);
+      profile::push("optimizer");
       if (timeline) {
         timeline->span("allreduce_wait", Timeline::kTraining, wait_called, optimizer_start, step + 1);
         for (const auto& bucket : reducer.last_bucket_spans()) {
@@ -1741,6 +1756,8 @@ TrainSummary Trainer::run() {
       reports.record(step + 1);
       while (const auto report = reports.next(/*drain=*/false)) take_report(*report);
       window_optimizer += seconds_since(optimizer_start);
+      profile::pop();  // optimizer
+      profile::pop();  // the step
       if (timeline) timeline->span("optimizer", Timeline::kTraining, optimizer_start, Clock::now(), step + 1);
       train_seconds += seconds_since(step_start);
       step_allocations += tensor_allocations_on_this_thread() - allocations_before;

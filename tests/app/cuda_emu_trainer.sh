@@ -7,7 +7,7 @@
 # map names cuda; convolutions take cuDNN (the emulator's, tests/cudaemu/cudnn.cpp) unless
 # MPTRAIN_CUDA_CONV=im2col; the nccl backend runs on the emulator's NCCL (tests/cudaemu/nccl.cpp);
 # no steady step's training thread waits for device work of its own step (the emulator's
-# host-wait log beside the timeline), and a hung rank on the nccl path is still named.
+# host-wait log beside the NVTX step ranges), and a hung rank on the nccl path is still named.
 # What the emulator cannot show (speed, truly concurrent streams, cuDNN's and NCCL's own
 # kernels and transports) stays perf/gpu_check.sh's.
 source "$(dirname "$0")/common.sh"
@@ -80,7 +80,8 @@ on_cuda() {
 }
 
 # no_step_waits NAME NP ARGS...: a run of NP ranks, 10 steps logged once, with the emulator's
-# host-wait log (MPTRAIN_CUDAEMU_WAIT_LOG) and the timeline: inside steps 3 to 9 (after the
+# host-wait log (MPTRAIN_CUDAEMU_WAIT_LOG), which also holds the trainer's NVTX ranges (the
+# emulator injects itself into NVTX, as Nsight Systems does): inside steps 3 to 9 (after the
 # first steps' planning and capture, before the last step's line) no rank's training thread
 # waited for device work queued in that same step. Such a wait leaves a GPU with nothing queued
 # while the host catches up (issue #8: no host synchronisation inside a step). Waits for an
@@ -88,28 +89,37 @@ on_cuda() {
 no_step_waits() {
   local name=$1 np=$2; shift 2
   LOG_EVERY=100 MPTRAIN_CUDAEMU_WAIT_LOG="$TMP/$name.waits" \
-    train "$name" "$np" --train.max-steps=10 --output.timeline "$@" || return 0
+    train "$name" "$np" --train.max-steps=10 "$@" || return 0
   local out
   if out=$(python3 - "$TMP" "$name" "$np" 2>&1 <<'PY'
-import glob, json, sys
+import glob, sys
 tmp, name, np = sys.argv[1], sys.argv[2], int(sys.argv[3])
 logs = {}
 for path in glob.glob(f"{tmp}/{name}.waits.*"):
     lines = open(path).read().splitlines()
     rank = int(lines[0].split()[-1])
-    logs[rank] = [l.split() for l in lines[1:]]
+    logs[rank] = [l.split(None, 4) for l in lines[1:]]
 if sorted(logs) != list(range(np)):
     sys.exit(f"wait logs of ranks {sorted(logs)}")
 checked, bad = 0, []
 for rank in range(np):
-    events = json.load(open(f"{tmp}/{name}/timeline-rank{rank}.json"))
-    origin = [e["args"]["steady_clock_ns"] for e in events if e["name"] == "clock_origin"][0]
-    spans = [e for e in events if e["ph"] == "X" and e["tid"] == 0]
+    # The training thread's "step N" ranges (the process's first thread, MAIN 1).
+    steps, open_ranges = {}, []
+    for fields in logs[rank]:
+        if fields[0] == "nvtxRangePushA" and fields[2] == "1":
+            open_ranges.append((fields[4], int(fields[3])))
+        elif fields[0] == "nvtxRangePop" and fields[2] == "1":
+            range_name, begin = open_ranges.pop()
+            if range_name.startswith("step "):
+                steps[int(range_name.split()[1])] = (begin, int(fields[3]))
+    if any(step not in steps for step in range(3, 10)):
+        sys.exit(f"rank {rank}: NVTX step ranges {sorted(steps)}, not steps 3-9")
     for step in range(3, 10):
-        mine = [e for e in spans if e["args"]["step"] == step]
-        begin = origin + 1000 * min(e["ts"] for e in mine)
-        end = origin + 1000 * max(e["ts"] + e["dur"] for e in mine)
-        for call, tid, main, at, queued in logs[rank]:
+        begin, end = steps[step]
+        for fields in logs[rank]:
+            if fields[0].startswith("nvtxRange"):
+                continue
+            call, tid, main, at, queued = fields
             if main != "1" or not begin <= int(at) <= end:
                 continue
             checked += 1

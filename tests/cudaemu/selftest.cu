@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include <nvtx3/nvToolsExt.h>
+
 #include "tests/cudaemu/check.hpp"
 
 namespace {
@@ -323,6 +325,42 @@ int check_wait_log(const std::string& prefix) {
            "wait log: ... for the later fill");
   }
   cudaStreamDestroy(stream);
+
+  // NVTX ranges (the emulator's static injection): a push and a pop line each, in order, on
+  // the calling thread, the name to the end of the line.
+  const long long r0 = now_ns();
+  nvtxRangePushA("step 7");
+  std::thread([] {
+    nvtxRangePushA("elsewhere");
+    nvtxRangePop();
+  }).join();
+  nvtxRangePushA("forward");
+  nvtxRangePop();
+  nvtxRangePop();
+  const long long r1 = now_ns();
+  std::vector<std::string> ranges;
+  if (std::FILE* file = std::fopen((prefix + "." + std::to_string(getpid())).c_str(), "r")) {
+    char text[256];
+    while (std::fgets(text, sizeof text, file) != nullptr) {
+      char call[64], name[128] = "";
+      long tid = 0;
+      int main_thread = -1;
+      long long at = 0;
+      if (std::strncmp(text, "nvtxRange", 9) != 0 ||
+          std::sscanf(text, "%63s %ld %d %lld %127[^\n]", call, &tid, &main_thread, &at, name) < 4)
+        continue;
+      ranges.push_back(std::string(call) + (main_thread == 1 ? " main " : " other ") +
+                       (at >= r0 && at <= r1 ? "" : "(time outside) ") + name);
+    }
+    std::fclose(file);
+  }
+  const std::vector<std::string> want = {
+      "nvtxRangePushA main step 7",     "nvtxRangePushA other elsewhere", "nvtxRangePop other ",
+      "nvtxRangePushA main forward",    "nvtxRangePop main ",             "nvtxRangePop main "};
+  std::string got;
+  for (const std::string& line : ranges) got += "[" + line + "] ";
+  expect(ranges == want, "wait log: NVTX ranges pushed and popped in order, per thread, named (" +
+                             got + ")");
   return mpt::cudaemu::check::report();
 }
 
