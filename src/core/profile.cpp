@@ -11,11 +11,9 @@
 namespace mpt::profile {
 
 #ifdef MPT_HAVE_NVTX
-bool enabled() { return true; }
 void push(const char* name) { nvtxRangePushA(name); }
 void pop() { nvtxRangePop(); }
 #else
-bool enabled() { return false; }
 void push(const char*) {}
 void pop() {}
 #endif

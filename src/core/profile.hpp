@@ -7,20 +7,9 @@
 
 namespace mpt::profile {
 
-// True where push() and pop() reach NVTX (a CUDA build with the nvtx3 headers).
-bool enabled();
 // Opens a range named NAME (copied by the tool, if any, at the call) on this thread.
 void push(const char* name);
 // Closes this thread's innermost open range.
 void pop();
-
-// A range for a scope.
-class Range {
- public:
-  explicit Range(const char* name) { push(name); }
-  ~Range() { pop(); }
-  Range(const Range&) = delete;
-  Range& operator=(const Range&) = delete;
-};
 
 }  // namespace mpt::profile
