@@ -449,32 +449,146 @@ int tap(const cudnnConvolutionStruct& conv, int r, int size) {
   return conv.mode == CUDNN_CONVOLUTION ? size - 1 - r : r;
 }
 
-// The three directions in double over NCHW-ordered f32 values (x, w, dy read through their
-// descriptors): y[n,k,p,q] = sum x[n,c,p*s-pad+r*d, q*s-pad+t*d] w[k,c,r',t'].
-template <class Body>
-void for_each_tap(const ConvProblem& p, Body body) {
-  const cudnnTensorStruct &x = p.x, &y = p.y;
-  const cudnnFilterStruct& w = p.w;
-  const cudnnConvolutionStruct& conv = p.conv;
-  for (int n = 0; n < x.n; ++n)
-    for (int k = 0; k < w.k; ++k)
-      for (int c = 0; c < w.c; ++c)
-        for (int r = 0; r < w.h; ++r)
-          for (int t = 0; t < w.w; ++t) {
-            const std::int64_t wi =
-                ((std::int64_t{k} * w.c + c) * w.h + tap(conv, r, w.h)) * w.w + tap(conv, t, w.w);
-            for (int i = 0; i < y.h; ++i) {
-              const int row = i * conv.stride_h - conv.pad_h + r * conv.dilation_h;
-              if (row < 0 || row >= x.h) continue;
-              const std::int64_t xrow = ((std::int64_t{n} * x.c + c) * x.h + row) * x.w;
-              const std::int64_t yrow = ((std::int64_t{n} * y.c + k) * y.h + i) * y.w;
-              for (int j = 0; j < y.w; ++j) {
-                const int col = j * conv.stride_w - conv.pad_w + t * conv.dilation_w;
-                if (col < 0 || col >= x.w) continue;
-                body(xrow + col, wi, yrow + j);
-              }
+// The emulated convolutions sum in double over NCHW-ordered f32 values (x, w, dy read through
+// their descriptors): y[n,k,i,j] = sum over c, r, t of x[n,c,i*s-pad+r*d, j*s-pad+t*d] w[k,c,r',t']
+// (r' = r, or the flipped tap under CUDNN_CONVOLUTION). Each product of two floats is exact in
+// double, and every output sums its products in one fixed order: forward over (c, r, t), the
+// data gradient over (k, r, t), the filter gradient over (n, i, j). The loops keep the
+// channel they sum into innermost and contiguous (channels-last copies), so the compiler
+// vectorises them: the emulator's time is mostly here and in cublaslt.cpp's matmul.
+struct Geometry {
+  int n, c, h, w;      // x
+  int k, r, t;         // w's output channels and window
+  int yh, yw;          // y's plane
+  const cudnnConvolutionStruct* conv;
+
+  explicit Geometry(const ConvProblem& p)
+      : n(p.x.n), c(p.x.c), h(p.x.h), w(p.x.w), k(p.w.k), r(p.w.h), t(p.w.w), yh(p.y.h),
+        yw(p.y.w), conv(&p.conv) {}
+  // x's row and column under output (i, j) and tap (r, t); -1 where it falls in the padding.
+  int row(int i, int rr) const {
+    const int at = i * conv->stride_h - conv->pad_h + rr * conv->dilation_h;
+    return at >= 0 && at < h ? at : -1;
+  }
+  int col(int j, int tt) const {
+    const int at = j * conv->stride_w - conv->pad_w + tt * conv->dilation_w;
+    return at >= 0 && at < w ? at : -1;
+  }
+  // w's NCHW index of output channel KK, input channel CC at loop tap (RR, TT).
+  std::size_t filter(int kk, int cc, int rr, int tt) const {
+    return static_cast<std::size_t>(
+        ((std::int64_t{kk} * c + cc) * r + tap(*conv, rr, r)) * t + tap(*conv, tt, t));
+  }
+};
+
+// [a][b][plane] -> [a][plane][b], and back.
+template <class T>
+std::vector<T> channels_last(const std::vector<T>& v, std::int64_t a, std::int64_t b,
+                             std::int64_t plane) {
+  std::vector<T> out(v.size());
+  for (std::int64_t i = 0; i < a; ++i)
+    for (std::int64_t j = 0; j < b; ++j)
+      for (std::int64_t q = 0; q < plane; ++q) out[(i * plane + q) * b + j] = v[(i * b + j) * plane + q];
+  return out;
+}
+template <class T>
+std::vector<T> channels_first(const std::vector<T>& v, std::int64_t a, std::int64_t b,
+                              std::int64_t plane) {
+  std::vector<T> out(v.size());
+  for (std::int64_t i = 0; i < a; ++i)
+    for (std::int64_t j = 0; j < b; ++j)
+      for (std::int64_t q = 0; q < plane; ++q) out[(i * b + j) * plane + q] = v[(i * plane + q) * b + j];
+  return out;
+}
+
+// y (NCHW, in double) from x and w.
+std::vector<double> forward_sums(const Geometry& g, const std::vector<float>& xs,
+                                 const std::vector<float>& ws) {
+  std::vector<float> wt(ws.size());  // [c][r][t][k]
+  for (int kk = 0; kk < g.k; ++kk)
+    for (int cc = 0; cc < g.c; ++cc)
+      for (int rr = 0; rr < g.r; ++rr)
+        for (int tt = 0; tt < g.t; ++tt)
+          wt[((std::size_t(cc) * g.r + rr) * g.t + tt) * g.k + kk] = ws[g.filter(kk, cc, rr, tt)];
+  const std::int64_t plane = std::int64_t{g.yh} * g.yw;
+  std::vector<double> sums(static_cast<std::size_t>(g.n * plane * g.k), 0.0);  // [n][i][j][k]
+  for (int nn = 0; nn < g.n; ++nn)
+    for (int i = 0; i < g.yh; ++i)
+      for (int j = 0; j < g.yw; ++j) {
+        double* out = &sums[static_cast<std::size_t>(((nn * plane) + i * g.yw + j) * g.k)];
+        for (int cc = 0; cc < g.c; ++cc)
+          for (int rr = 0; rr < g.r; ++rr) {
+            const int row = g.row(i, rr);
+            if (row < 0) continue;
+            for (int tt = 0; tt < g.t; ++tt) {
+              const int col = g.col(j, tt);
+              if (col < 0) continue;
+              const double xv = xs[((std::size_t(nn) * g.c + cc) * g.h + row) * g.w + col];
+              const float* wk = &wt[((std::size_t(cc) * g.r + rr) * g.t + tt) * g.k];
+              for (int kk = 0; kk < g.k; ++kk) out[kk] += xv * wk[kk];
             }
           }
+      }
+  return channels_first(sums, g.n, g.k, plane);
+}
+
+// dx (NCHW, in double) from dy and w.
+std::vector<double> data_gradient_sums(const Geometry& g, const std::vector<float>& ys,
+                                       const std::vector<float>& ws) {
+  std::vector<float> wt(ws.size());  // [k][r][t][c]
+  for (int kk = 0; kk < g.k; ++kk)
+    for (int cc = 0; cc < g.c; ++cc)
+      for (int rr = 0; rr < g.r; ++rr)
+        for (int tt = 0; tt < g.t; ++tt)
+          wt[((std::size_t(kk) * g.r + rr) * g.t + tt) * g.c + cc] = ws[g.filter(kk, cc, rr, tt)];
+  const std::int64_t plane = std::int64_t{g.h} * g.w;
+  std::vector<double> sums(static_cast<std::size_t>(g.n * plane * g.c), 0.0);  // [n][h][w][c]
+  for (int nn = 0; nn < g.n; ++nn)
+    for (int kk = 0; kk < g.k; ++kk)
+      for (int rr = 0; rr < g.r; ++rr)
+        for (int tt = 0; tt < g.t; ++tt) {
+          const float* wc = &wt[((std::size_t(kk) * g.r + rr) * g.t + tt) * g.c];
+          for (int i = 0; i < g.yh; ++i) {
+            const int row = g.row(i, rr);
+            if (row < 0) continue;
+            for (int j = 0; j < g.yw; ++j) {
+              const int col = g.col(j, tt);
+              if (col < 0) continue;
+              const double dy = ys[((std::size_t(nn) * g.k + kk) * g.yh + i) * g.yw + j];
+              double* out = &sums[static_cast<std::size_t>((nn * plane + row * g.w + col) * g.c)];
+              for (int cc = 0; cc < g.c; ++cc) out[cc] += dy * wc[cc];
+            }
+          }
+        }
+  return channels_first(sums, g.n, g.c, plane);
+}
+
+// dw (NCHW, in double) from x and dy.
+std::vector<double> filter_gradient_sums(const Geometry& g, const std::vector<float>& xs,
+                                         const std::vector<float>& ys) {
+  const std::int64_t plane = std::int64_t{g.yh} * g.yw;
+  const std::vector<float> dyt = channels_last(ys, g.n, g.k, plane);  // [n][i][j][k]
+  std::vector<double> sums(static_cast<std::size_t>(g.k) * g.c * g.r * g.t, 0.0);
+  std::vector<double> acc(static_cast<std::size_t>(g.k));
+  for (int cc = 0; cc < g.c; ++cc)
+    for (int rr = 0; rr < g.r; ++rr)
+      for (int tt = 0; tt < g.t; ++tt) {
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int nn = 0; nn < g.n; ++nn)
+          for (int i = 0; i < g.yh; ++i) {
+            const int row = g.row(i, rr);
+            if (row < 0) continue;
+            for (int j = 0; j < g.yw; ++j) {
+              const int col = g.col(j, tt);
+              if (col < 0) continue;
+              const double xv = xs[((std::size_t(nn) * g.c + cc) * g.h + row) * g.w + col];
+              const float* dy = &dyt[static_cast<std::size_t>((nn * plane + i * g.yw + j) * g.k)];
+              for (int kk = 0; kk < g.k; ++kk) acc[kk] += xv * dy[kk];
+            }
+          }
+        for (int kk = 0; kk < g.k; ++kk) sums[g.filter(kk, cc, rr, tt)] = acc[kk];
+      }
+  return sums;
 }
 
 // A tensor argument as a call names it.
@@ -523,25 +637,13 @@ cudnnStatus_t convolve(const char* call, cudnnHandle_t handle, const void* alpha
         direction == Direction::backward_filter ? std::vector<float>{} : read(p.w, b.data, round);
     const std::vector<float> ys = in(!forward, p.y, data_grad ? a.data : b.data);
     void* result = const_cast<void*>(out.data);
-    std::vector<double> sums;
+    const Geometry g(p);
     if (forward) {
-      sums.assign(static_cast<std::size_t>(count(dims(p.y))), 0.0);
-      for_each_tap(p, [&](std::int64_t xi, std::int64_t wi, std::int64_t yi) {
-        sums[yi] += static_cast<double>(xs[xi]) * ws[wi];
-      });
-      write(p.y, result, sums, alpha_value, beta_value);
+      write(p.y, result, forward_sums(g, xs, ws), alpha_value, beta_value);
     } else if (data_grad) {
-      sums.assign(static_cast<std::size_t>(count(dims(p.x))), 0.0);
-      for_each_tap(p, [&](std::int64_t xi, std::int64_t wi, std::int64_t yi) {
-        sums[xi] += static_cast<double>(ys[yi]) * ws[wi];
-      });
-      write(p.x, result, sums, alpha_value, beta_value);
+      write(p.x, result, data_gradient_sums(g, ys, ws), alpha_value, beta_value);
     } else {
-      sums.assign(static_cast<std::size_t>(count(dims(p.w))), 0.0);
-      for_each_tap(p, [&](std::int64_t xi, std::int64_t wi, std::int64_t yi) {
-        sums[wi] += static_cast<double>(xs[xi]) * ys[yi];
-      });
-      write(p.w, result, sums, alpha_value, beta_value);
+      write(p.w, result, filter_gradient_sums(g, xs, ys), alpha_value, beta_value);
     }
   });
   return queued == cudaSuccess ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_EXECUTION_FAILED;
