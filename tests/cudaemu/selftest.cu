@@ -361,6 +361,8 @@ int check_wait_log(const std::string& prefix) {
   for (const std::string& line : ranges) got += "[" + line + "] ";
   expect(ranges == want, "wait log: NVTX ranges pushed and popped in order, per thread, named (" +
                              got + ")");
+  // The log is this run's alone (its name carries the pid): do not leave one per run behind.
+  std::remove((prefix + "." + std::to_string(getpid())).c_str());
   return mpt::cudaemu::check::report();
 }
 
