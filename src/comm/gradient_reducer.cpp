@@ -236,13 +236,44 @@ void GradientReducer::run_collective(const std::function<void()>& fn) {
   done_.wait(lock, [&] { return collective_done_; });
 }
 
+void GradientReducer::plan_stats(Device device, std::int64_t max_values) {
+  if (max_values < 0 || max_values > INT32_MAX)
+    abort_job("comm::GradientReducer::plan_stats: " + std::to_string(max_values) +
+              " statistics: at most 2^31 - 1");
+  stats_planned_ = true;
+  stats_device_ = device;
+  stats_staging_ = device != Device::cpu && !sums_on_device()
+                       ? Tensor({std::max<std::int64_t>(1, max_values)}, DType::f32)
+                       : Tensor();
+}
+
+const char* GradientReducer::stats_path() const {
+  if (!stats_planned_) return "off";
+  if (stats_device_ == Device::cpu) return "host";
+  return stats_staging_.defined() ? "staged" : "device";
+}
+
 void GradientReducer::sum_stats(Tensor& sums) {
   if (!sums.defined() || sums.dtype() != DType::f32 || sums.numel() > INT32_MAX)
     abort_job("comm::GradientReducer::sum_stats: the statistics must be f32, at most 2^31 - 1");
   const bool on_host = sums.device() == Device::cpu;
-  if (!on_host && !sums_on_device())
-    abort_job("comm::GradientReducer::sum_stats: device statistics need the nccl backend on one "
-              "node or flat-nccl; copy them to the host otherwise");
+  if (!on_host && !sums_on_device()) {
+    // Staged: the copies run on the legacy stream, so the one out waits for the compute work
+    // that wrote the sums, and the compute stream's next work waits for the one back.
+    if (!stats_staging_.defined() || sums.numel() > stats_staging_.numel())
+      abort_job("comm::GradientReducer::sum_stats: " + std::to_string(sums.numel()) +
+                " device statistics, but plan_stats() planned a host copy of " +
+                std::to_string(stats_staging_.defined() ? stats_staging_.numel() : 0) +
+                " (without the nccl backend on one node or flat-nccl, device statistics go "
+                "through it)");
+    const std::size_t bytes = sums.size_bytes();
+    device_memory::copy(stats_staging_.raw(), Device::cpu, sums.raw(), sums.device(), bytes);
+    stats_data_ = stats_staging_.data<float>();
+    stats_count_ = sums.numel();
+    run_collective(stats_on_host_);
+    device_memory::copy(sums.raw(), sums.device(), stats_staging_.raw(), Device::cpu, bytes);
+    return;
+  }
   // Read by the communication thread inside run_collective, which orders it after these writes.
   stats_data_ = sums.data<float>();
   stats_count_ = sums.numel();

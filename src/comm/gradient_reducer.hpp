@@ -94,9 +94,18 @@ class GradientReducer {
   // run_collective() (in order with the buckets). Host data: an MPI_Allreduce, done on return.
   // Device data, where sums_on_device(): queued on the comm stream after the compute work that
   // wrote it, and compute work queued after the return waits for it on the device; the host
-  // does not wait (Allreducer::sum_queued). Other device data aborts: stage it through the host.
+  // does not wait (Allreducer::sum_queued). Other device data goes through plan_stats()'s host
+  // copy (the host waits for the device on the way out, and the sum is on the device again on
+  // return); unplanned, or larger than planned, it aborts.
   void sum_stats(Tensor& sums);
   bool sums_on_device() const { return queued_ && allreducer_->sums_on_device(); }
+  // Before the first sum_stats(): statistics of at most MAX_VALUES floats will live on DEVICE.
+  // Where sum_stats() cannot sum them in place (device data without sums_on_device()), the
+  // host copy it needs is allocated here, so that no step allocates.
+  void plan_stats(Device device, std::int64_t max_values);
+  // Where sum_stats() sums the planned statistics: "host" (host data, MPI), "staged" (device
+  // data through the host copy) or "device" (NCCL's stream, no host wait); "off" unplanned.
+  const char* stats_path() const;
   // After wait(): blocks until the device has run every call queued so far (the nccl backend;
   // nothing otherwise), polling NCCL's errors inside a collective scope. Call it before the host
   // reads what the step wrote on the device (a logged loss, a checkpoint, evaluation) and at the
@@ -174,6 +183,9 @@ class GradientReducer {
   float* stats_data_ = nullptr;
   std::int64_t stats_count_ = 0;
   std::function<void()> stats_on_host_, stats_on_device_;
+  bool stats_planned_ = false;
+  Device stats_device_ = Device::cpu;
+  Tensor stats_staging_;  // plan_stats()'s host copy, where device statistics need one
   bool collective_done_ = false;
   bool stopping_ = false;
   bool busy_ = false;          // the thread is reducing a bucket or running a collective

@@ -1164,19 +1164,12 @@ TrainSummary Trainer::run() {
   // Sync BN: the layers' per-channel sums (and the sample count) are summed over the world on
   // the reducer's thread, in order with the buckets (one thread calls MPI and queues NCCL
   // calls at a time). On cuda, with the nccl backend on one node or flat-nccl, on the device
-  // without a host wait (GradientReducer::sum_stats); under the host backends or across
-  // nodes, through a host copy planned here (each call then waits for the device: docs/gpu.md).
-  Tensor stats_host;
-  if (config.model.sync_bn && model->device() != Device::cpu && !reducer.sums_on_device())
-    stats_host = Tensor({std::max<std::int64_t>(1, model->stats_values())}, DType::f32);
-  if (config.model.sync_bn)
-    model->set_stats_reducer([&reducer, &stats_host](Tensor& sums) {
-      if (!stats_host.defined()) return reducer.sum_stats(sums);
-      Tensor host = Tensor::view(stats_host, 0, {sums.numel()});
-      kernels::copy(sums, host);
-      reducer.sum_stats(host);
-      kernels::copy(host, sums);
-    });
+  // without a host wait; under the host backends or across nodes, through a host copy that
+  // plan_stats() allocates here (each call then waits for the device: docs/gpu.md).
+  if (config.model.sync_bn) {
+    reducer.plan_stats(model->device(), model->stats_values());
+    model->set_stats_reducer([&reducer](Tensor& sums) { reducer.sum_stats(sums); });
+  }
   broadcast_from_root(model->master_params(), world);
   model->recast_from_master();  // the 16-bit working copy (a no-op under fp32)
 
@@ -2031,10 +2024,7 @@ TrainSummary Trainer::run() {
         .add("gradient_path", staged ? "staged" : reducer.allreducer().queues() ? "device" : "host")
         // Where sync BN summed its statistics: off, host memory (cpu), staged (cuda through a
         // host copy: the host backends, or nccl across nodes) or device (NCCL's stream).
-        .add("bn_stats_path", !config.model.sync_bn ? "off"
-                              : !on_cuda            ? "host"
-                              : stats_host.defined() ? "staged"
-                                                     : "device")
+        .add("bn_stats_path", reducer.stats_path())
         .add("overlap", overlap)
         .add("buckets", reducer.num_buckets()).add("accumulate", accumulate)
         .add("precision", config.amp.precision).add("loss_scale", summary.loss_scale)

@@ -446,6 +446,9 @@ TEST_P(ReducerCases, BucketedEqualsOneFlatAllreduceForAnyBucketSize) {
     }
     // The stand-in's communicator spans the world, as the nccl backend's on one node.
     EXPECT_EQ(reducer.sums_on_device(), queued != nullptr);
+    EXPECT_STREQ(reducer.stats_path(), "off");
+    reducer.plan_stats(Device::cpu, 3);
+    EXPECT_STREQ(reducer.stats_path(), "host") << "host statistics need no copy";
     for (int step = 0; step < 3; ++step) {
       // Garbage until "backward" writes a parameter: a bucket launched too early reads NaN.
       for (std::int64_t i = 0; i < kCount; ++i) set(i, std::nanf(""));

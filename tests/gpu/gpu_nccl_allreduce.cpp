@@ -175,13 +175,13 @@ void check_gradient_reducer(Harness& harness, const Topology& topology, Allreduc
   }
 }
 
-// Sync BN's statistics on the device (GradientReducer::sum_stats, the nccl backend's
-// sum_queued): in the middle of a step, between queued buckets, 2C + 1 f32 values summed over
-// the world in place, read back by a copy on the legacy stream (ordered after the sum by the
-// device-side wait alone: no drain), exact for small integers; the buckets around it still
-// reduce right. EXPECT_ON_DEVICE: whether TOPOLOGY's communicator spans the world (one node or
-// flat-nccl), which sums_on_device() must report; across emulated nodes it is false, and the
-// trainer sums through the host instead (not run here).
+// Sync BN's statistics on the device (GradientReducer::sum_stats): in the middle of a step,
+// between queued buckets, 2C + 1 f32 values summed over the world in place, read back by a copy
+// on the legacy stream, exact for small integers; the buckets around it still reduce right.
+// EXPECT_ON_DEVICE: whether TOPOLOGY's communicator spans the world (one node or flat-nccl),
+// which sums_on_device() must report. Then the sum is the nccl backend's sum_queued, ordered
+// before the read-back by the device-side wait alone (no drain), and stats_path() says
+// "device"; across emulated nodes it goes through plan_stats()'s host copy ("staged").
 void check_stats_sums(Harness& harness, const std::string& label, const Topology& topology,
                       AllreduceConfig config, bool expect_on_device) {
   const std::int64_t count = 20000, values = 2 * 64 + 1;
@@ -195,7 +195,10 @@ void check_stats_sums(Harness& harness, const std::string& label, const Topology
   if (world_rank() == 0)
     harness.expect(on_device, label + ": sums_on_device() is " +
                                   (expect_on_device ? "true" : "false"));
-  if (!expect_on_device) return;
+  reducer.plan_stats(Device::cuda, values);
+  const std::string path = reducer.stats_path(), want = expect_on_device ? "device" : "staged";
+  const bool path_ok = all_ranks(path == want);
+  if (world_rank() == 0) harness.expect(path_ok, label + ": stats_path() is " + want, path);
   for (int step = 1; step <= 2; ++step) {
     for (std::int64_t i = 0; i < count; ++i)
       host[static_cast<std::size_t>(i)] = step * contribution(DType::f32, world_rank(), i);
@@ -228,7 +231,7 @@ void check_stats_sums(Harness& harness, const std::string& label, const Topology
     const bool ok = all_ranks(bad == 0), grads_ok = all_ranks(wrong == 0);
     if (world_rank() == 0) {
       const std::string at = label + ", step " + std::to_string(step);
-      harness.expect(ok, at + ": " + std::to_string(values) + " statistics summed on the device",
+      harness.expect(ok, at + ": " + std::to_string(values) + " statistics summed (" + want + ")",
                      std::to_string(bad) + " wrong sums on some rank");
       harness.expect(grads_ok, at + ": the buckets around the statistics",
                      std::to_string(wrong) + " wrong gradients on some rank");
