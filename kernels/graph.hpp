@@ -20,6 +20,10 @@ namespace mpt::kernels {
 // True when the compute stream can be captured: a CUDA build whose compute stream is not the
 // legacy default stream (MPTRAIN_CUDA_LEGACY_STREAM=1 selects that one, for comparisons).
 bool graphs_supported();
+// The compute stream as an opaque handle (a cudaStream_t), for a library call that a capture
+// must hold and that is made outside kernels/ (sync BN's NCCL sum under --cuda.graphs:
+// comm::GradientReducer::capture_stats_on); nullptr in a build without CUDA.
+void* capture_stream();
 
 class StepGraph {
  public:

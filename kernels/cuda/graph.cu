@@ -36,6 +36,8 @@ void destroy(void*& graph, void*& exec) {
 
 bool graphs_supported() { return !cuda::legacy_stream_selected(); }
 
+void* capture_stream() { return cuda::stream(); }
+
 StepGraph::StepGraph(std::string name) : name_(std::move(name)) {}
 
 StepGraph::~StepGraph() { destroy(graph_, exec_); }

@@ -19,6 +19,8 @@ namespace {
 
 bool graphs_supported() { return false; }
 
+void* capture_stream() { return nullptr; }
+
 StepGraph::StepGraph(std::string name) : name_(std::move(name)) {}
 
 StepGraph::~StepGraph() = default;

@@ -192,7 +192,8 @@ po::options_description train_options(TrainCommand& out) {
        "auto (cuda where every rank sees a GPU and the trainer runs there, else cpu) | cpu | cuda")
       ("cuda.graphs", po::value(&out.run.cuda_graphs)->default_value(false)->implicit_value(true),
        "train: replay each step's forward+backward and optimizer as two CUDA graphs (cuda only; "
-       "no dropout with a rate above 0, no --model.sync-bn, --train.accumulate=1)")
+       "no dropout with a rate above 0, --model.sync-bn only with its sums on the device, "
+       "--train.accumulate=1)")
       ("kernels.matmul", po::value(&out.runtime.matmul)->default_value("auto"), "host matmul and convolution library: auto | onednn | blas");
   po::options_description all(kHelpWidth, kHelpWidth / 2);
   all.add(data).add(model).add(loop).add(amp).add(optimizer).add(schedule).add(comm).add(output).add(runtime);

@@ -900,6 +900,11 @@ void Allreducer::sum_queued(float* data, std::int64_t count) {
   queued_backend(impl_->nccl, "sum_queued").sum_queued(data, count);
 }
 
+void Allreducer::sum_on_stream(float* data, std::int64_t count, void* stream) {
+  if (count < 0) abort_job("comm::Allreducer::sum_on_stream: a negative count");
+  queued_backend(impl_->nccl, "sum_on_stream").sum_on_stream(data, count, stream);
+}
+
 void Allreducer::set_device_backend(std::unique_ptr<detail::NcclAllreduce> backend) {
   if (!backend) abort_job("comm::Allreducer::set_device_backend: no backend");
   impl_->nccl = std::move(backend);

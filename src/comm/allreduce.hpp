@@ -170,6 +170,8 @@ class Allreducer {
   // the compute work queued after it (detail::NcclAllreduce::sum_queued).
   bool sums_on_device() const;
   void sum_queued(float* data, std::int64_t count);
+  // ... or queued on STREAM itself, for a CUDA graph's capture (detail::NcclAllreduce).
+  void sum_on_stream(float* data, std::int64_t count, void* stream);
   // Tests: BACKEND stands in for the nccl backend from now on (before the first call), so that
   // the queued form's users run on the CPU. Every call goes to it, as to the nccl backend.
   void set_device_backend(std::unique_ptr<detail::NcclAllreduce> backend);

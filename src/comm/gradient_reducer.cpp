@@ -161,6 +161,7 @@ void GradientReducer::begin() {
     abort_job("comm::GradientReducer::begin: the previous step's buckets were not waited for");
   launched_ = 0;
   finished_ = 0;
+  in_step_ = true;
   comm_seconds_ = 0;
   exposed_seconds_ = 0;
   exposed_peer_wait_seconds_ = 0;
@@ -197,6 +198,7 @@ void GradientReducer::wait() {
     caller_reduces_ = false;
   }
   done_.wait(lock, [&] { return finished_ == num_buckets(); });
+  in_step_ = false;
   // Every upload was queued before the last bucket counted as finished (under the lock).
   if (staging_) staging_->join();
   if (queued_) {
@@ -253,10 +255,28 @@ const char* GradientReducer::stats_path() const {
   return stats_staging_.defined() ? "staged" : "device";
 }
 
+void GradientReducer::capture_stats_on(void* stream) {
+  if (stream != nullptr && std::string(stats_path()) != "device")
+    abort_job(std::string("comm::GradientReducer::capture_stats_on: a graph can hold sync BN's "
+                          "sums only on the device path, and this reducer's is ") +
+              stats_path());
+  capture_stream_ = stream;
+}
+
 void GradientReducer::sum_stats(Tensor& sums) {
   if (!sums.defined() || sums.dtype() != DType::f32 || sums.numel() > INT32_MAX)
     abort_job("comm::GradientReducer::sum_stats: the statistics must be f32, at most 2^31 - 1");
   const bool on_host = sums.device() == Device::cpu;
+  if (capture_stream_ != nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (on_host || in_step_ || busy_ || collective_ != nullptr)
+        abort_job("comm::GradientReducer::sum_stats: a captured sum needs device statistics and "
+                  "no step in flight (between wait() and begin())");
+    }
+    allreducer_->sum_on_stream(sums.data<float>(), sums.numel(), capture_stream_);
+    return;
+  }
   if (!on_host && !sums_on_device()) {
     // Staged: the copies run on the legacy stream, so the one out waits for the compute work
     // that wrote the sums, and the compute stream's next work waits for the one back.

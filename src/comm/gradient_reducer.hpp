@@ -106,6 +106,14 @@ class GradientReducer {
   // Where sum_stats() sums the planned statistics: "host" (host data, MPI), "staged" (device
   // data through the host copy) or "device" (NCCL's stream, no host wait); "off" unplanned.
   const char* stats_path() const;
+  // --cuda.graphs with sync BN: while STREAM (a cudaStream_t: the compute stream, which the
+  // calling thread is capturing into a graph) is set, sum_stats() queues each sum on STREAM
+  // itself, from the calling thread, so that the graph holds the NCCL call and every replay
+  // runs it (Allreducer::sum_on_stream); nullptr ends that. Only on the "device" path, and
+  // only between a wait() and the next begin(): a replay launched then runs on the device
+  // after the previous step's calls (the optimizer waited for them) and before this step's
+  // buckets (queued after it), the only order that keeps the communicator's calls apart.
+  void capture_stats_on(void* stream);
   // After wait(): blocks until the device has run every call queued so far (the nccl backend;
   // nothing otherwise), polling NCCL's errors inside a collective scope. Call it before the host
   // reads what the step wrote on the device (a logged loss, a checkpoint, evaluation) and at the
@@ -186,6 +194,8 @@ class GradientReducer {
   bool stats_planned_ = false;
   Device stats_device_ = Device::cpu;
   Tensor stats_staging_;  // plan_stats()'s host copy, where device statistics need one
+  void* capture_stream_ = nullptr;  // capture_stats_on()'s
+  bool in_step_ = false;            // between begin() and the end of wait()
   bool collective_done_ = false;
   bool stopping_ = false;
   bool busy_ = false;          // the thread is reducing a bucket or running a collective

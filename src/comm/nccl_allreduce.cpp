@@ -109,6 +109,7 @@ class NcclBackend final : public NcclAllreduce {
   double finish(int keep) override;
   bool sums_world() const override { return flat_ || topology_.num_nodes() == 1; }
   void sum_queued(float* data, std::int64_t count) override;
+  void sum_on_stream(float* data, std::int64_t count, void* stream) override;
 
  private:
   // Makes the communicator's device current on the calling thread (GradientReducer's thread, or
@@ -421,6 +422,17 @@ void NcclBackend::sum_queued(float* data, std::int64_t count) {
   // stream (the layer's coefficients next) until the sum is in, and the host goes on.
   MPT_CHECK_CUDA(cudaEventRecord(stats_done_, stream_));
   MPT_CHECK_CUDA(cudaStreamWaitEvent(cudaStreamLegacy, stats_done_, 0));
+}
+
+void NcclBackend::sum_on_stream(float* data, std::int64_t count, void* stream) {
+  if (!sums_world())
+    abort_job("comm::Allreducer::sum_on_stream: the nccl communicator is this node's only; sum "
+              "across nodes through the host");
+  if (count <= 0) return;
+  select_device();
+  require_device_data(data);
+  MPT_CHECK_NCCL(ncclAllReduce(data, data, static_cast<std::size_t>(count), ncclFloat32, ncclSum,
+                               comm_, static_cast<cudaStream_t>(stream)));
 }
 
 void NcclBackend::enqueue(void* data, std::int64_t count, DType dtype) {

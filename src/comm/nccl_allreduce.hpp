@@ -81,6 +81,11 @@ class NcclAllreduce {
   // queued before it), and compute work queued after it waits for it on the device. From the
   // thread that queues the calls, in the same order on every rank. Abort unless sums_world().
   virtual void sum_queued(float* data, std::int64_t count) = 0;
+  // The same sum queued on STREAM (a cudaStream_t) itself, with no other stream or event: how
+  // a CUDA graph captures it (--cuda.graphs with sync BN: STREAM is the compute stream, being
+  // captured by the calling thread). Ordered by STREAM alone, so no other call of this
+  // communicator may be in flight when it runs: the caller keeps it apart from the buckets.
+  virtual void sum_on_stream(float* data, std::int64_t count, void* stream) = 0;
 };
 
 // Collective over TOPOLOGY's world (nccl_allreduce.cpp; only in a build with NCCL).

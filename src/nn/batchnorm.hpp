@@ -39,13 +39,6 @@ class BatchNorm final : public Layer {
 
   std::int64_t channels() const { return channels_; }
   std::int64_t stats_values() const override { return 2 * channels_ + 1; }
-  // A stats reducer (sync BN) runs on the communication thread, which a capture cannot follow.
-  std::string graph_blocker() const override {
-    return context_ && context_->stats_reducer
-               ? "sync BN all-reduces its statistics on the communication thread "
-                 "(--model.sync-bn)"
-               : "";
-  }
 
  private:
   // The per-channel scratch's layout (f32, one allocation of 9C + 1): sums (2C + 1: the sample

@@ -77,7 +77,9 @@ const char* host_conv_path_name(HostConvPath path);
 // Sums SUMS (f32, on the layer's device) element-wise across the ranks of a data-parallel job,
 // in place: on return, work queued after it (kernels on the compute stream) sees the sums,
 // without the host having read them. The trainer installs one for synchronised BatchNorm (an
-// MPI_Allreduce, or ncclAllReduce on the device's comm stream); nn knows nothing of MPI.
+// MPI_Allreduce, or ncclAllReduce on the device's comm stream); nn knows nothing of MPI. A
+// step captured into a CUDA graph captures the reducer's calls too: the installer makes them
+// capturable (the trainer's queues the ncclAllReduce on the captured stream itself).
 using StatsReducer = std::function<void(Tensor& sums)>;
 
 // Model::backward's per-layer hook: GRAD_OFFSET is the element offset in Model::grads() from

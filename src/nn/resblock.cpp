@@ -57,12 +57,6 @@ double ResBlock::flops_per_sample(const Shape&) const {
   return total;
 }
 
-std::string ResBlock::graph_blocker() const {
-  for (const auto& child : children_)
-    if (std::string why = child->graph_blocker(); !why.empty()) return child->name() + ": " + why;
-  return "";
-}
-
 std::int64_t ResBlock::stats_values() const {
   std::int64_t most = 0;
   for (const auto& child : children_) most = std::max(most, child->stats_values());

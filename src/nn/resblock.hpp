@@ -29,7 +29,6 @@ class ResBlock final : public Layer {
   void set_device(Device device) override;
   void set_context(const StepContext* context) override;
   std::vector<Row> child_rows() const override;
-  std::string graph_blocker() const override;
   std::int64_t stats_values() const override;
 
   void forward(const Tensor& x, Tensor& y, bool training) override;

@@ -658,10 +658,6 @@ void check_graphs(const RunConfig& config, Device device, const nn::Model& model
               "unset MPTRAIN_CUDA_LEGACY_STREAM, or leave --cuda.graphs off");
   MPT_REQUIRE(config.loop.accumulate == 1, "--cuda.graphs needs --train.accumulate=1",
               "leave --cuda.graphs off to accumulate gradients");
-  MPT_REQUIRE(!config.model.sync_bn,
-              "--cuda.graphs cannot capture --model.sync-bn: its statistics are all-reduced "
-              "by the communication thread inside the step",
-              "leave one of the two off");
   const std::string blocker = model.graph_blocker();
   MPT_REQUIRE(blocker.empty(), "--cuda.graphs cannot capture layer " + blocker,
               "use a model without it (e.g. --model.name=mlp), or leave --cuda.graphs off");
@@ -1169,6 +1165,14 @@ TrainSummary Trainer::run() {
   if (config.model.sync_bn) {
     reducer.plan_stats(model->device(), model->stats_values());
     model->set_stats_reducer([&reducer](Tensor& sums) { reducer.sum_stats(sums); });
+    // --cuda.graphs captures the sums into the step's graph, as ncclAllReduce calls on the
+    // compute stream: only where they are summed on the device (no host copy inside a step).
+    MPT_REQUIRE(!config.cuda_graphs || std::string(reducer.stats_path()) == "device",
+                std::string("--cuda.graphs cannot capture --model.sync-bn here: its statistics "
+                            "go through a host copy (bn_stats_path ") +
+                    reducer.stats_path() + ": the host backends, or nccl across nodes)",
+                "use --comm.intra=nccl on one node or --comm.allreduce=flat-nccl, or leave one "
+                "of the two off");
   }
   broadcast_from_root(model->master_params(), world);
   model->recast_from_master();  // the 16-bit working copy (a no-op under fp32)
@@ -1258,6 +1262,7 @@ TrainSummary Trainer::run() {
   // run (a non-finite loss skipped under MPTRAIN_REPORT_LAG=0, read on the host) warms nothing.
   // (Batches are always full on cuda, ShardPlan padding the last; the size test keeps it so.)
   bool graph_warmed = false;
+  std::int64_t graph_replays = 0;  // micro-batches whose forward+backward replayed (summary.json)
   Tensor graph_samples, graph_labels;
   Shape sample_batch{batch};
   for (const std::int64_t d : info.sample_shape) sample_batch.push_back(d);
@@ -1627,13 +1632,19 @@ TrainSummary Trainer::run() {
         if (replayed) {
           kernels::copy(samples, graph_samples);
           kernels::copy(labels, graph_labels);
-          if (!forward_backward_graph.captured())
+          if (!forward_backward_graph.captured()) {
+            // Sync BN's sums become NCCL calls inside the graph (no bucket is in flight here:
+            // the previous step's wait() is done and this step's begin() comes after).
+            if (config.model.sync_bn) reducer.capture_stats_on(kernels::capture_stream());
             forward_backward_graph.capture([&] {
               const Tensor& logits = model->forward(graph_samples, /*training=*/true);
               kernels::softmax_xent_step(logits, graph_labels, dlogits, grad_scale, step_state);
               model->backward(dlogits, no_hook);
             });
+            if (config.model.sync_bn) reducer.capture_stats_on(nullptr);
+          }
           forward_backward_graph.replay();
+          ++graph_replays;
         } else {
           const Tensor& logits = model->forward(samples, /*training=*/true);
           // dlogits carry the loss scale, read from the step state on its device.
@@ -2025,6 +2036,7 @@ TrainSummary Trainer::run() {
         // Where sync BN summed its statistics: off, host memory (cpu), staged (cuda through a
         // host copy: the host backends, or nccl across nodes) or device (NCCL's stream).
         .add("bn_stats_path", reducer.stats_path())
+        .add("graph_replays", graph_replays)
         .add("overlap", overlap)
         .add("buckets", reducer.num_buckets()).add("accumulate", accumulate)
         .add("precision", config.amp.precision).add("loss_scale", summary.loss_scale)

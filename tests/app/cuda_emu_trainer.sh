@@ -147,6 +147,9 @@ train mlp-cpu 1 "${mlp[@]}" --device=cpu &&
   train mlp-graphs 1 "${mlp[@]}" --device=cuda --cuda.graphs && {
   on_cuda mlp-cuda
   on_cuda mlp-graphs
+  replays=$(summary mlp-graphs graph_replays)
+  [ "$replays" = 7 ] && pass "mlp-graphs: steps 2-8 replayed the graph" ||
+    fail "mlp-graphs: $replays replays, expected 7"
   same_losses mlp-cpu mlp-cuda 1e-4
   # A replay runs the captured kernels with the parameters of the capture: any per-step value
   # passed by the host instead of read from device memory would show here.
@@ -240,6 +243,35 @@ if [ "${MPT_CUDAEMU_NCCL:-}" = ON ]; then
       same_losses resnet-cuda "$name" 0
     }
   done
+  # --cuda.graphs with sync BN (a device each, nccl): the statistics' ncclAllReduce calls are
+  # captured into the step's graph, on the compute stream, and run at every replay (the
+  # emulated NCCL numbers and queues them anew at each launch). The replayed steps must give
+  # the eager steps' losses bit for bit: with the captured sums left out, steps 2-5 move by 1e-3.
+  syncbn=(--model.name=resnet-mini --train.max-steps=5 --train.batch-size=8 --model.sync-bn=true
+          --device=cuda --comm.intra=nccl)
+  MPTRAIN_CUDAEMU_DEVICES=2 train syncbn-eager 2 "${syncbn[@]}" &&
+    MPTRAIN_CUDAEMU_DEVICES=2 train syncbn-graphs 2 "${syncbn[@]}" --cuda.graphs && {
+    bn_stats_path syncbn-graphs device
+    replays=$(summary syncbn-graphs graph_replays)
+    [ "$replays" = 4 ] && pass "syncbn-graphs: steps 2-5 replayed the graph" ||
+      fail "syncbn-graphs: $replays replays, expected 4"
+    same_losses syncbn-eager syncbn-graphs 0
+  }
+fi
+# Where the statistics go through the host (two ranks on one device: the host backends), a
+# graph cannot hold them: refused before the first step, on every rank, naming both options.
+rc=0
+timeout 120 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" train --data.train="$D/train.h5" \
+  --data.test="$D/test.h5" --output.overwrite --output.dir="$TMP/syncbn-staged" \
+  --model.name=resnet-mini --model.sync-bn=true --train.max-steps=2 --device=cuda --cuda.graphs \
+  >"$TMP/syncbn-staged.log" 2>&1 || rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] &&
+   grep -q "cannot capture --model.sync-bn here: .*bn_stats_path staged" "$TMP/syncbn-staged.log" &&
+   ! grep -q "^step 1" "$TMP/syncbn-staged.log"; then
+  pass "syncbn-staged: --cuda.graphs refused where the statistics go through the host (exit $rc)"
+else
+  fail "syncbn-staged: exit $rc, expected a refusal naming bn_stats_path staged"
+  tail -3 "$TMP/syncbn-staged.log" >&2
 fi
 
 # Stopped by a signal at step 3 and resumed from its checkpoint: the same per-step losses as the
@@ -289,6 +321,9 @@ if [ "${MPT_CUDAEMU_NCCL:-}" = ON ]; then
   # next kernels wait for them on the device, not the host.
   no_step_waits waits-syncbn 2 --model.name=resnet-mini --train.batch-size=8 --model.sync-bn=true \
     --device=cuda --comm.intra=nccl
+  # ... and captured into the step's graph.
+  no_step_waits waits-syncbn-graphs 2 --model.name=resnet-mini --train.batch-size=8 \
+    --model.sync-bn=true --device=cuda --comm.intra=nccl --cuda.graphs
   unset MPTRAIN_CUDAEMU_DEVICES
   LOG_EVERY=100 train waits-cpu 2 "${waits[@]}" --device=cpu --train.max-steps=10 && {
     same_losses waits-cpu waits-nccl 2e-2

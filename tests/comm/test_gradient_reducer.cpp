@@ -309,6 +309,7 @@ class QueuedStandIn final : public detail::NcclAllreduce {
   void sum_queued(float* data, std::int64_t count) override {
     MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   }
+  void sum_on_stream(float* data, std::int64_t count, void*) override { sum_queued(data, count); }
   int completed_joins() const { return completed_; }
   std::int64_t planned_max_count() const { return planned_max_count_; }
 

@@ -24,6 +24,13 @@ int stream_device(cudaStream_t stream);
 // host thread asks: capture what it reads by value), or records it into STREAM's capture;
 // fails as a copy on STREAM would.
 cudaError_t run_on_stream(cudaStream_t stream, std::function<void()> work);
+// Records ACTION into STREAM's capture, which the calling thread must be making: every launch
+// of the graph calls it on the launching thread, in its place among the graph's nodes, with the
+// launch's stream, and it queues its own work there. For a library whose host side must run
+// once per launch (NCCL numbers its collectives on the host, and the emulator's progress
+// thread must learn of each one). cudaErrorIllegalState when STREAM is not being captured.
+cudaError_t capture_host_action(cudaStream_t stream,
+                                std::function<cudaError_t(cudaStream_t)> action);
 // Ends the process naming a CUDA feature that the emulator does not model (so that no test
 // passes on behaviour the emulator made up).
 [[noreturn]] void emulator_limit(const char* what);

@@ -310,7 +310,21 @@ ncclResult_t check_buffer(const ncclComm* comm, const void* buffer, std::size_t 
   return ncclSuccess;
 }
 
-// Checks CALL and queues it on STREAM, with the progress thread told to run it.
+// Numbers CALL and queues it on STREAM, with the progress thread told to run it.
+ncclResult_t queue(ncclComm* comm, cudaStream_t stream, Call call) {
+  if (comm->aborted.load()) return failure(ncclInvalidUsage, "the communicator was aborted");
+  call.seq = ++comm->issued;
+  if (mpt::cudaemu::run_on_stream(stream, [comm, call] { run(comm, call); }) != cudaSuccess)
+    return failure(ncclUnhandledCudaError, "queueing on the stream failed");
+  cudaEvent_t done = nullptr;
+  if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess ||
+      cudaEventRecord(done, stream) != cudaSuccess)
+    return failure(ncclUnhandledCudaError, "an event after the collective");
+  Progress::instance().push(comm, call.seq, done);
+  return ncclSuccess;
+}
+
+// Checks CALL and queues it on STREAM (or records it into STREAM's capture).
 ncclResult_t enqueue(ncclComm* comm, ncclRedOp_t op, cudaStream_t stream, Call call) {
   if (comm == nullptr) return failure(ncclInvalidArgument, "null communicator");
   if (comm->aborted.load()) return failure(ncclInvalidUsage, "the communicator was aborted");
@@ -333,19 +347,19 @@ ncclResult_t enqueue(ncclComm* comm, ncclRedOp_t op, cudaStream_t stream, Call c
     if (const ncclResult_t r = check_buffer(comm, call.recv, out * e, "recvbuff"); r != ncclSuccess)
       return r;
   if (in == 0 && out == 0) return ncclSuccess;
-  call.seq = ++comm->issued;
-  if (mpt::cudaemu::run_on_stream(stream, [comm, call] { run(comm, call); }) != cudaSuccess)
-    return failure(ncclUnhandledCudaError, "queueing on the stream failed");
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   cudaStreamIsCapturing(stream, &capturing);
-  if (capturing == cudaStreamCaptureStatusNone) {
-    cudaEvent_t done = nullptr;
-    if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventRecord(done, stream) != cudaSuccess)
-      return failure(ncclUnhandledCudaError, "an event after the collective");
-    Progress::instance().push(comm, call.seq, done);
+  if (capturing != cudaStreamCaptureStatusNone) {
+    // Captured into a graph (NCCL 2.9+ captures its kernels): each launch numbers and queues
+    // the collective anew, in the graph's stream order, as the replayed kernel would join its
+    // peers then. Checked once, here, as NCCL checks at capture.
+    const cudaError_t recorded = mpt::cudaemu::capture_host_action(stream, [comm, call](cudaStream_t s) {
+      return queue(comm, s, call) == ncclSuccess ? cudaSuccess : cudaErrorLaunchFailure;
+    });
+    return recorded == cudaSuccess ? ncclSuccess
+                                   : failure(ncclInvalidUsage, "recording into the capture failed");
   }
-  return ncclSuccess;
+  return queue(comm, stream, call);
 }
 
 // ncclGroupStart/End, per thread as NCCL's: each call of a group still runs in call order (every

@@ -83,12 +83,19 @@ struct CUevent_st {
   int device = 0;
   mpt::cudaemu::QueuePoint point;  // its stream's queue at its last cudaEventRecord, if any
 };
+// A captured node: device work, or a host action that each launch calls in its place with the
+// launch's stream (mpt::cudaemu::capture_host_action: a library whose host side numbers each
+// call, as NCCL does).
+struct GraphNode {
+  std::function<void()> work;
+  std::function<cudaError_t(cudaStream_t)> action;
+};
 struct CUgraph_st {
-  std::vector<std::function<void()>> nodes;
+  std::vector<GraphNode> nodes;
 };
 struct CUgraphExec_st {
   // Shared with the launches still queued: a destroyed graph that is in flight finishes.
-  std::shared_ptr<const std::vector<std::function<void()>>> nodes;
+  std::shared_ptr<const std::vector<GraphNode>> nodes;
 };
 
 namespace mpt::cudaemu {
@@ -174,7 +181,7 @@ struct Capture {
   std::thread::id thread;
   bool active = false;
   cudaError_t invalidated = cudaSuccess;
-  std::vector<std::function<void()>> nodes;
+  std::vector<GraphNode> nodes;
 };
 Capture& capture() {
   static Capture* const instance = new Capture;
@@ -195,7 +202,7 @@ bool captured(cudaStream_t stream, const std::function<void()>& work, cudaError_
       // only limits the unsafe calls); mptrain never does it, so say so if it does.
       fatal("work queued on the captured stream from another thread");
     }
-    c.nodes.push_back(work);
+    c.nodes.push_back({work, {}});
     return true;
   }
   if (is_legacy(stream) && is_blocking(c.stream)) {
@@ -790,6 +797,16 @@ cudaError_t run_on_stream(cudaStream_t stream, std::function<void()> work) {
   return enqueue(stream, std::move(work));
 }
 
+cudaError_t capture_host_action(cudaStream_t stream,
+                                std::function<cudaError_t(cudaStream_t)> action) {
+  Capture& c = capture();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  if (!c.active || c.stream != stream || std::this_thread::get_id() != c.thread)
+    return fail(cudaErrorIllegalState);
+  c.nodes.push_back({{}, std::move(action)});
+  return cudaSuccess;
+}
+
 }  // namespace mpt::cudaemu
 
 // ---- the CUDA runtime API -------------------------------------------------------------------
@@ -1152,16 +1169,32 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
 }
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
   if (graph == nullptr) return fail(cudaErrorInvalidValue);
-  *exec =
-      new CUgraphExec_st{std::make_shared<const std::vector<std::function<void()>>>(graph->nodes)};
+  *exec = new CUgraphExec_st{std::make_shared<const std::vector<GraphNode>>(graph->nodes)};
   return cudaSuccess;
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   if (exec == nullptr) return fail(cudaErrorInvalidValue);
-  // One item on the stream's queue, the whole graph.
-  return enqueue(stream, [nodes = exec->nodes] {
-    for (const auto& node : *nodes) node();
-  });
+  // One item on the stream's queue per run of device work between host actions (the whole
+  // graph where it has none); each host action queues its own work in its place.
+  const std::shared_ptr<const std::vector<GraphNode>> nodes = exec->nodes;
+  std::size_t begin = 0;
+  while (begin < nodes->size()) {
+    if (const GraphNode& node = (*nodes)[begin]; node.action) {
+      if (const cudaError_t status = node.action(stream); status != cudaSuccess)
+        return fail(status);
+      ++begin;
+      continue;
+    }
+    std::size_t end = begin;
+    while (end < nodes->size() && !(*nodes)[end].action) ++end;
+    if (const cudaError_t status = enqueue(stream, [nodes, begin, end] {
+          for (std::size_t i = begin; i < end; ++i) (*nodes)[i].work();
+        });
+        status != cudaSuccess)
+      return status;
+    begin = end;
+  }
+  return cudaSuccess;
 }
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   delete graph;

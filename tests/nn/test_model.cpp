@@ -79,21 +79,15 @@ TEST(ModelSpec, GraphBlockersNameTheFirstLayerThatCannotBeReplayed) {
   EXPECT_EQ(Model::build("dense:64,dropout:0,dense:10", {1, 28, 28}, 10).graph_blocker(), "");
   const std::string dropout = Model::build("dense:64,dropout:0.1,dense:10", {1, 28, 28}, 10).graph_blocker();
   EXPECT_EQ(dropout.rfind("dropout1: dropout's mask key", 0), 0u) << dropout;
-  // BatchNorm's arithmetic runs where its kernels do; only sync BN's reducer leaves the thread.
+  // BatchNorm's arithmetic runs where its kernels do, and sync BN's reducer is the installer's
+  // to make capturable (the trainer's queues its NCCL calls on the captured stream).
   Model resnet = Model::build("resnet-mini", {1, 28, 28}, 10);
+  EXPECT_EQ(resnet.graph_blocker(), "");
+  resnet.set_stats_reducer([](Tensor&) {});
   EXPECT_EQ(resnet.graph_blocker(), "");
   // The largest stats call, inside the last block (64 channels): 2C sums and the sample count.
   EXPECT_EQ(resnet.stats_values(), 2 * 64 + 1);
   EXPECT_EQ(Model::build("mlp", {1, 28, 28}, 10).stats_values(), 0);
-  resnet.set_stats_reducer([](Tensor&) {});
-  const std::string bn = resnet.graph_blocker();
-  EXPECT_EQ(bn.rfind("bn1: sync BN", 0), 0u) << bn;
-  // Inside a residual block: the block, then its child.
-  Model block_model = Model::build("conv:8:3:pad=1,relu,resblock:8,gap,dense:10", {1, 8, 8}, 10);
-  block_model.set_stats_reducer([](Tensor&) {});
-  const std::string block = block_model.graph_blocker();
-  EXPECT_NE(block.find("resblock2: bn"), std::string::npos) << block;
-  EXPECT_NE(block.find("sync BN"), std::string::npos) << block;
 }
 
 TEST(ModelSpec, MlpFollowsTheClassCount) {
