@@ -677,6 +677,27 @@ print(f"{max(fractions[1:]):.4f}" if len(fractions) > 1 else "-1")' "$run/metric
           printf "trainer model=%s final_train_loss cuda=%s cuda+graphs=%s\n", m, loss["cuda"], loss["cuda+graphs"]
       }' "$build/trainer.log" | tee -a "$build/trainer.log"
   done
+  # resnet-mini with sync BN under --cuda.graphs (accumulate 1, as graphs need), beside the same
+  # run eager: the graph holds the statistics' ncclAllReduce calls (one rank's communicator), a
+  # real NCCL captured for the first time. The replayed steps should give the eager losses.
+  for device in cuda cuda+graphs; do
+    run=$build/trainer-resnet-syncbn-$device
+    graph_flag=()
+    [[ $device == cuda+graphs ]] && graph_flag=(--cuda.graphs)
+    rc=0
+    tmo 45 "${with_env[@]}" mpiexec -n 1 "$mptrain" train --data.train="$data/train.h5" \
+      --data.test="$data/test.h5" --model.name=resnet-mini --model.sync-bn=true \
+      --train.max-steps=20 --train.batch-size=256 --device=cuda --output.dir="$run" \
+      --output.overwrite --output.progress=lines "${graph_flag[@]}" > "$run.log" 2>&1 || rc=$?
+    if [[ $rc -eq 0 && -f $run/summary.json ]]; then
+      run_line "trainer model=resnet-mini-syncbn device=$device" "$run/summary.json" samples_per_s \
+        final_train_loss bn_stats_path graph_replays step_cudamalloc=step_device_slabs 2>&1 \
+        | tee -a "$build/trainer.log"
+    else
+      echo "trainer model=resnet-mini-syncbn device=$device failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
+        | tee -a "$build/trainer.log"
+    fi
+  done
   stage "trainer, two ranks on the one GPU (staged all-reduce) and on the cpu"
   # Two ranks on the one GPU: NCCL refuses that, so the all-reduce stays on the host backends and
   # stages the device gradients bucket by bucket through pinned memory (kernels/staging.hpp),
