@@ -501,15 +501,27 @@ std::vector<T> channels_first(const std::vector<T>& v, std::int64_t a, std::int6
   return out;
 }
 
-// y (NCHW, in double) from x and w.
-std::vector<double> forward_sums(const Geometry& g, const std::vector<float>& xs,
-                                 const std::vector<float>& ws) {
-  std::vector<float> wt(ws.size());  // [c][r][t][k]
+// The filter by loop tap, the channel summed into innermost: [c][r][t][k] for the forward
+// sums (OUTPUT_INNER), [k][r][t][c] for the data gradient's.
+std::vector<float> filter_by_tap(const Geometry& g, const std::vector<float>& ws,
+                                 bool output_inner) {
+  std::vector<float> wt(ws.size());
   for (int kk = 0; kk < g.k; ++kk)
     for (int cc = 0; cc < g.c; ++cc)
       for (int rr = 0; rr < g.r; ++rr)
-        for (int tt = 0; tt < g.t; ++tt)
-          wt[((std::size_t(cc) * g.r + rr) * g.t + tt) * g.k + kk] = ws[g.filter(kk, cc, rr, tt)];
+        for (int tt = 0; tt < g.t; ++tt) {
+          const std::size_t tap_at = (output_inner ? std::size_t(cc) * g.r : std::size_t(kk) * g.r) + rr;
+          const std::size_t at = output_inner ? (tap_at * g.t + tt) * g.k + kk
+                                              : (tap_at * g.t + tt) * g.c + cc;
+          wt[at] = ws[g.filter(kk, cc, rr, tt)];
+        }
+  return wt;
+}
+
+// y (NCHW, in double) from x and w.
+std::vector<double> forward_sums(const Geometry& g, const std::vector<float>& xs,
+                                 const std::vector<float>& ws) {
+  const std::vector<float> wt = filter_by_tap(g, ws, /*output_inner=*/true);
   const std::int64_t plane = std::int64_t{g.yh} * g.yw;
   std::vector<double> sums(static_cast<std::size_t>(g.n * plane * g.k), 0.0);  // [n][i][j][k]
   for (int nn = 0; nn < g.n; ++nn)
@@ -535,12 +547,7 @@ std::vector<double> forward_sums(const Geometry& g, const std::vector<float>& xs
 // dx (NCHW, in double) from dy and w.
 std::vector<double> data_gradient_sums(const Geometry& g, const std::vector<float>& ys,
                                        const std::vector<float>& ws) {
-  std::vector<float> wt(ws.size());  // [k][r][t][c]
-  for (int kk = 0; kk < g.k; ++kk)
-    for (int cc = 0; cc < g.c; ++cc)
-      for (int rr = 0; rr < g.r; ++rr)
-        for (int tt = 0; tt < g.t; ++tt)
-          wt[((std::size_t(kk) * g.r + rr) * g.t + tt) * g.c + cc] = ws[g.filter(kk, cc, rr, tt)];
+  const std::vector<float> wt = filter_by_tap(g, ws, /*output_inner=*/false);
   const std::int64_t plane = std::int64_t{g.h} * g.w;
   std::vector<double> sums(static_cast<std::size_t>(g.n * plane * g.c), 0.0);  // [n][h][w][c]
   for (int nn = 0; nn < g.n; ++nn)
