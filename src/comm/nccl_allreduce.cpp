@@ -117,6 +117,11 @@ class NcclBackend final : public NcclAllreduce {
   // checks that DATA is device memory.
   void select_device();
   void require_device_data(const void* data);
+  // Sync BN's sums: aborts naming CALL unless the communicator spans the world; false for no
+  // data; else makes the device current and checks DATA. Then sum_f32 queues the f32 sum of
+  // DATA in place on STREAM.
+  bool stats_sum_ready(const char* call, float* data, std::int64_t count);
+  void sum_f32(float* data, std::int64_t count, cudaStream_t stream);
   // SLOT's mark event; aborts naming CALL for a slot that was not planned.
   cudaEvent_t slot_event(const char* call, int slot) const;
   // Queues the all-reduce of DATA on the comm stream (after what the stream already waits for).
@@ -403,21 +408,30 @@ double NcclBackend::finish(int keep) {
   return waited;
 }
 
-void NcclBackend::sum_queued(float* data, std::int64_t count) {
+bool NcclBackend::stats_sum_ready(const char* call, float* data, std::int64_t count) {
   if (!sums_world())
-    abort_job("comm::Allreducer::sum_queued: the nccl communicator is this node's only; sum "
-              "across nodes through the host");
-  if (count <= 0) return;
+    abort_job(std::string("comm::Allreducer::") + call +
+              ": the nccl communicator is this node's only; sum across nodes through the host");
+  if (count <= 0) return false;
   select_device();
   require_device_data(data);
+  return true;
+}
+
+void NcclBackend::sum_f32(float* data, std::int64_t count, cudaStream_t stream) {
+  // The plain f32 sum, never the gradients' wire dtype or scaling: counts and sums of squares.
+  MPT_CHECK_NCCL(ncclAllReduce(data, data, static_cast<std::size_t>(count), ncclFloat32, ncclSum,
+                               comm_, stream));
+}
+
+void NcclBackend::sum_queued(float* data, std::int64_t count) {
+  if (!stats_sum_ready("sum_queued", data, count)) return;
   // After the kernels that wrote DATA (everything on the compute stream so far: the caller
   // waits in run_collective while this runs) and after the buckets queued before it: one
   // communicator, one stream, one order of calls on every rank.
   MPT_CHECK_CUDA(cudaEventRecord(stats_ready_, cudaStreamLegacy));
   MPT_CHECK_CUDA(cudaStreamWaitEvent(stream_, stats_ready_, 0));
-  // The plain f32 sum, never the gradients' wire dtype or scaling: counts and sums of squares.
-  MPT_CHECK_NCCL(ncclAllReduce(data, data, static_cast<std::size_t>(count), ncclFloat32, ncclSum,
-                               comm_, stream_));
+  sum_f32(data, count, stream_);
   // As join(): a wait queued on the legacy stream holds every later kernel of the compute
   // stream (the layer's coefficients next) until the sum is in, and the host goes on.
   MPT_CHECK_CUDA(cudaEventRecord(stats_done_, stream_));
@@ -425,14 +439,8 @@ void NcclBackend::sum_queued(float* data, std::int64_t count) {
 }
 
 void NcclBackend::sum_on_stream(float* data, std::int64_t count, void* stream) {
-  if (!sums_world())
-    abort_job("comm::Allreducer::sum_on_stream: the nccl communicator is this node's only; sum "
-              "across nodes through the host");
-  if (count <= 0) return;
-  select_device();
-  require_device_data(data);
-  MPT_CHECK_NCCL(ncclAllReduce(data, data, static_cast<std::size_t>(count), ncclFloat32, ncclSum,
-                               comm_, static_cast<cudaStream_t>(stream)));
+  if (stats_sum_ready("sum_on_stream", data, count))
+    sum_f32(data, count, static_cast<cudaStream_t>(stream));
 }
 
 void NcclBackend::enqueue(void* data, std::int64_t count, DType dtype) {

@@ -481,23 +481,14 @@ struct Geometry {
   }
 };
 
-// [a][b][plane] -> [a][plane][b], and back.
+// [a][x][y] -> [a][y][x]: channels last with (x, y) = (channels, plane), and back with
+// (plane, channels).
 template <class T>
-std::vector<T> channels_last(const std::vector<T>& v, std::int64_t a, std::int64_t b,
-                             std::int64_t plane) {
+std::vector<T> swap_inner(const std::vector<T>& v, std::int64_t a, std::int64_t x, std::int64_t y) {
   std::vector<T> out(v.size());
   for (std::int64_t i = 0; i < a; ++i)
-    for (std::int64_t j = 0; j < b; ++j)
-      for (std::int64_t q = 0; q < plane; ++q) out[(i * plane + q) * b + j] = v[(i * b + j) * plane + q];
-  return out;
-}
-template <class T>
-std::vector<T> channels_first(const std::vector<T>& v, std::int64_t a, std::int64_t b,
-                              std::int64_t plane) {
-  std::vector<T> out(v.size());
-  for (std::int64_t i = 0; i < a; ++i)
-    for (std::int64_t j = 0; j < b; ++j)
-      for (std::int64_t q = 0; q < plane; ++q) out[(i * b + j) * plane + q] = v[(i * plane + q) * b + j];
+    for (std::int64_t j = 0; j < x; ++j)
+      for (std::int64_t q = 0; q < y; ++q) out[(i * y + q) * x + j] = v[(i * x + j) * y + q];
   return out;
 }
 
@@ -541,7 +532,7 @@ std::vector<double> forward_sums(const Geometry& g, const std::vector<float>& xs
             }
           }
       }
-  return channels_first(sums, g.n, g.k, plane);
+  return swap_inner(sums, g.n, plane, g.k);
 }
 
 // dx (NCHW, in double) from dy and w.
@@ -567,14 +558,14 @@ std::vector<double> data_gradient_sums(const Geometry& g, const std::vector<floa
             }
           }
         }
-  return channels_first(sums, g.n, g.c, plane);
+  return swap_inner(sums, g.n, plane, g.c);
 }
 
 // dw (NCHW, in double) from x and dy.
 std::vector<double> filter_gradient_sums(const Geometry& g, const std::vector<float>& xs,
                                          const std::vector<float>& ys) {
   const std::int64_t plane = std::int64_t{g.yh} * g.yw;
-  const std::vector<float> dyt = channels_last(ys, g.n, g.k, plane);  // [n][i][j][k]
+  const std::vector<float> dyt = swap_inner(ys, g.n, g.k, plane);  // [n][i][j][k]
   std::vector<double> sums(static_cast<std::size_t>(g.k) * g.c * g.r * g.t, 0.0);
   std::vector<double> acc(static_cast<std::size_t>(g.k));
   for (int cc = 0; cc < g.c; ++cc)

@@ -38,8 +38,11 @@ constexpr Case kCases[] = {
     {"not-f32", false},           // 16-bit statistics
     {"capture-staged", false},    // capture_stats_on() where the statistics go through the host
     {"negative-count", false},    // Allreducer::sum_queued with a negative count
+    {"stream-negative-count", false},  // ... and sum_on_stream
+    {"plan-negative", false},     // plan_stats() for a negative number of statistics
     {"captured-in-step", true},   // a captured sum between begin() and wait()
     {"across-nodes", true},       // Allreducer::sum_queued where NCCL spans a node only
+    {"stream-across-nodes", true},  // ... and sum_on_stream
 };
 
 int skip(int rank, const std::string& why) {
@@ -91,9 +94,15 @@ int run(const Case& c, int rank) {
       return on_rank0(rank, c.name, [&] { reducer.capture_stats_on(stats.raw()); });
     return on_rank0(rank, c.name, [&] { reducer.sum_stats(stats); });
   }
-  if (name == "negative-count") {
+  if (name == "negative-count" || name == "stream-negative-count") {
     Allreducer allreducer(machine, host);
+    if (name == "stream-negative-count")
+      return on_rank0(rank, c.name, [&] { allreducer.sum_on_stream(nullptr, -1, nullptr); });
     return on_rank0(rank, c.name, [&] { allreducer.sum_queued(nullptr, -1); });
+  }
+  if (name == "plan-negative") {
+    GradientReducer reducer(machine, host, grads, offsets, 1 << 12, 1 << 12);
+    return on_rank0(rank, c.name, [&] { reducer.plan_stats(Device::cuda, -1); });
   }
   if (name == "captured-in-step") {
     GradientReducer reducer(machine, nccl, grads, offsets, 1 << 12, 1 << 12);
@@ -108,6 +117,8 @@ int run(const Case& c, int rank) {
   const Topology nodes(MPI_COMM_WORLD, 1);
   Allreducer allreducer(nodes, nccl);
   Tensor stats({8}, DType::f32, Device::cuda);
+  if (name == "stream-across-nodes")  // the stream is never used: the refusal comes first
+    return on_rank0(rank, c.name, [&] { allreducer.sum_on_stream(stats.data<float>(), 8, nullptr); });
   return on_rank0(rank, c.name, [&] { allreducer.sum_queued(stats.data<float>(), 8); });
 }
 
