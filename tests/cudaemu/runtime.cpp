@@ -5,12 +5,13 @@
 // What it models: devices (one; MPTRAIN_CUDAEMU_DEVICES sets the count) of 4 SMs whose
 // streams, events and memory belong to the device current when they were made, device memory
 // as tracked host allocations, launch configuration limits, CUDA's sticky-free launch errors,
-// stream capture (ThreadLocal mode) into graphs that replay the recorded work with the
-// parameters of the capture, the calls a capture refuses, and streams as queues whose work runs
-// as late as CUDA allows (deferred mode, the default: "stream queues" below; or early, with
-// non-blocking streams' work run as soon as it may), so that a missing event or stream wait
-// reads stale memory. What it does not: concurrency (queued work runs one
-// item at a time, under one lock), timing and the memory model. It checks what it can see: a
+// stream capture (ThreadLocal mode, with forks to other streams that must be joined back) into
+// graphs that replay the recorded work with the parameters of the capture, the calls a capture
+// refuses, and streams as queues whose work runs as late as CUDA allows (deferred mode, the
+// default: "stream queues" below; or early, with non-blocking streams' work run as soon as it
+// may), so that a missing event or stream wait reads stale memory. What it does not:
+// concurrency (queued work runs one item at a time, under one lock, and a graph's nodes in
+// capture order), timing and the memory model. It checks what it can see: a
 // copy or memset whose device side is not device memory, a kernel pointer parameter that points
 // to neither device nor pinned memory, a barrier or shuffle that not every thread reaches, and
 // it names the kernel and block.
@@ -76,12 +77,22 @@ struct CUstream_st {
   int device = 0;
   std::shared_ptr<mpt::cudaemu::Queue> queue;
 };
+namespace mpt::cudaemu {
+// A captured stream's vector clock: for each stream of the capture, how many of that stream's
+// captured operations (nodes, waits, records) this stream's next one follows. The origin must
+// know every other member's last operation when the capture ends, or it was never joined back.
+using CaptureClock = std::map<cudaStream_t, std::uint64_t>;
+}  // namespace mpt::cudaemu
 struct CUevent_st {
   // When its record ran; shared with the queued record, which may run after cudaEventDestroy
   // (CUDA then frees the event once it has completed).
   std::shared_ptr<std::chrono::steady_clock::time_point> recorded;
   int device = 0;
   mpt::cudaemu::QueuePoint point;  // its stream's queue at its last cudaEventRecord, if any
+  // Recorded inside capture CAPTURE (0: its last record was not captured), where its stream's
+  // clock stood: a stream that waits for it joins that capture.
+  std::uint64_t capture = 0;
+  mpt::cudaemu::CaptureClock capture_clock;
 };
 // A captured node: device work, or a host action that each launch calls in its place with the
 // launch's stream (mpt::cudaemu::capture_host_action: a library whose host side numbers each
@@ -174,18 +185,37 @@ bool is_blocking(cudaStream_t stream) {
          (stream != cudaStreamPerThread && !(stream->flags & cudaStreamNonBlocking));
 }
 
-// The one capture in progress, if any (mptrain captures on one thread at a time).
+// The one capture in progress, if any (mptrain captures on one thread at a time). Its
+// members are the origin (the stream cudaStreamBeginCapture named) and every stream that
+// waited for an event recorded in it (CUDA's fork: that stream's later work joins the graph).
+// The graph is the members' operations in the order the capturing thread made them, one valid
+// order of CUDA's graph, which each launch runs on the launch's stream.
 struct Capture {
   std::mutex mutex;
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr;  // the origin
   std::thread::id thread;
   bool active = false;
+  std::uint64_t generation = 0;  // numbers the captures, for CUevent_st::capture
   cudaError_t invalidated = cudaSuccess;
   std::vector<GraphNode> nodes;
+  std::map<cudaStream_t, CaptureClock> members;
 };
 Capture& capture() {
   static Capture* const instance = new Capture;
   return *instance;
+}
+
+// C's lock held: STREAM is being captured (the origin, or a stream that joined).
+bool is_member(const Capture& c, cudaStream_t stream) {
+  return c.active && !is_legacy(stream) && c.members.count(stream) != 0;
+}
+// C's lock held: one more operation of member STREAM, made by the capturing thread.
+void count_operation(Capture& c, cudaStream_t stream) {
+  // Another thread's work on a captured stream joins the capture in CUDA too (the mode only
+  // limits the unsafe calls); mptrain never does it, so say so if it does.
+  if (std::this_thread::get_id() != c.thread)
+    fatal("work queued on a captured stream from another thread");
+  ++c.members[stream][stream];
 }
 
 // What happens to work queued on STREAM: recorded into the capture (true), or run now (false).
@@ -196,12 +226,8 @@ bool captured(cudaStream_t stream, const std::function<void()>& work, cudaError_
   const std::lock_guard<std::mutex> lock(c.mutex);
   result = cudaSuccess;
   if (!c.active) return false;
-  if (stream == c.stream && !is_legacy(stream)) {
-    if (std::this_thread::get_id() != c.thread) {
-      // Another thread's work on the captured stream joins the capture in CUDA too (the mode
-      // only limits the unsafe calls); mptrain never does it, so say so if it does.
-      fatal("work queued on the captured stream from another thread");
-    }
+  if (is_member(c, stream)) {
+    count_operation(c, stream);
     c.nodes.push_back({work, {}});
     return true;
   }
@@ -801,8 +827,9 @@ cudaError_t capture_host_action(cudaStream_t stream,
                                 std::function<cudaError_t(cudaStream_t)> action) {
   Capture& c = capture();
   const std::lock_guard<std::mutex> lock(c.mutex);
-  if (!c.active || c.stream != stream || std::this_thread::get_id() != c.thread)
+  if (!is_member(c, stream) || std::this_thread::get_id() != c.thread)
     return fail(cudaErrorIllegalState);
+  count_operation(c, stream);
   c.nodes.push_back({{}, std::move(action)});
   return cudaSuccess;
 }
@@ -835,6 +862,8 @@ constexpr ErrorText kErrors[] = {
      "operation failed due to a previous error during capture"},
     {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit",
      "operation would make the legacy stream depend on a capturing blocking stream"},
+    {cudaErrorStreamCaptureUnjoined, "cudaErrorStreamCaptureUnjoined",
+     "capture sequence contains a fork that was not joined to the primary stream"},
     {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation is not permitted now"},
     {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
 };
@@ -1102,7 +1131,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   Capture& c = capture();
   {
     const std::lock_guard<std::mutex> lock(c.mutex);
-    if (c.active && (stream == c.stream || (is_legacy(stream) && is_blocking(c.stream)))) {
+    if (is_member(c, stream) || (c.active && is_legacy(stream) && is_blocking(c.stream))) {
       c.invalidated = cudaErrorStreamCaptureUnsupported;
       return fail(cudaErrorStreamCaptureUnsupported);
     }
@@ -1113,6 +1142,14 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 // cudaErrorNotReady while work is queued; that work then runs, as a device would go on with
 // it, so that a loop polling the stream ends (the nccl all-reduce's wait polls).
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  {
+    Capture& c = capture();
+    const std::lock_guard<std::mutex> lock(c.mutex);
+    if (is_member(c, stream)) {  // a captured stream runs nothing to be done with
+      c.invalidated = cudaErrorStreamCaptureUnsupported;
+      return fail(cudaErrorStreamCaptureUnsupported);
+    }
+  }
   const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
   const std::shared_ptr<Queue> queue = queue_of(stream);
   if (!pending(*queue)) return cudaSuccess;
@@ -1121,10 +1158,29 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   return cudaErrorNotReady;
 }
 // Queues a wait for the event's point at this call (a later record moves it for later waits
-// only); an event never recorded is complete. Inside a capture the wait is not recorded: the
-// graph replays in order on its stream, after what was queued there before its launch.
+// only); an event never recorded is complete. An event recorded inside the capture in progress
+// makes STREAM a member from now on (CUDA's fork), or orders a member after it (a join); the
+// graph replays in capture order, so the clocks only check that every member is joined back.
+// A member's wait for an event from outside the capture is not recorded: the graph replays on
+// its stream, after what was queued there before its launch.
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  {
+    Capture& c = capture();
+    const std::lock_guard<std::mutex> lock(c.mutex);
+    if (c.active && event->capture == c.generation) {
+      if (is_legacy(stream))
+        emulator_limit("cudaStreamWaitEvent: the legacy stream waiting inside a capture");
+      if (!is_member(c, stream) && is_blocking(stream) && stream != cudaStreamPerThread)
+        emulator_limit("cudaStreamWaitEvent: a blocking stream joining a capture");
+      CaptureClock& clock = c.members[stream];  // joins, if it had not
+      for (const auto& [member, operations] : event->capture_clock)
+        clock[member] = std::max(clock[member], operations);
+      count_operation(c, stream);
+      return cudaSuccess;
+    }
+    if (is_member(c, stream)) return cudaSuccess;
+  }
   const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
   if (!event->point.queue) return cudaSuccess;
   return enqueue(stream, [] {}, {event->point});
@@ -1132,7 +1188,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* status) {
   Capture& c = capture();
   const std::lock_guard<std::mutex> lock(c.mutex);
-  *status = c.active && c.stream == stream
+  *status = is_member(c, stream)
                 ? (c.invalidated != cudaSuccess ? cudaStreamCaptureStatusInvalidated
                                                 : cudaStreamCaptureStatusActive)
                 : cudaStreamCaptureStatusNone;
@@ -1148,8 +1204,11 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMo
   c.active = true;
   c.stream = stream;
   c.thread = std::this_thread::get_id();
+  ++c.generation;
   c.invalidated = cudaSuccess;
   c.nodes.clear();
+  c.members.clear();
+  c.members[stream][stream] = 0;
   return cudaSuccess;
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
@@ -1159,6 +1218,20 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   if (!c.active || c.stream != stream || c.thread != std::this_thread::get_id())
     return fail(cudaErrorIllegalState);
   c.active = false;
+  // Every member's last operation must come before the origin's end (CUDA's join), or the
+  // capture fails as CUDA's does.
+  const CaptureClock& origin = c.members[stream];
+  for (const auto& [member, clock] : c.members) {
+    if (member == stream) continue;
+    const auto own = clock.find(member);
+    const auto known = origin.find(member);
+    if ((known == origin.end() ? 0 : known->second) < (own == clock.end() ? 0 : own->second)) {
+      c.nodes.clear();
+      c.members.clear();
+      return fail(cudaErrorStreamCaptureUnjoined);
+    }
+  }
+  c.members.clear();
   if (c.invalidated != cudaSuccess) {
     c.nodes.clear();
     return fail(cudaErrorStreamCaptureInvalidated);
@@ -1216,22 +1289,54 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   delete event;
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+// Inside a capture a record is no node of the graph (it only marks the point that a wait may
+// fork from or join to), unless FLAGS has cudaEventRecordExternal: then each launch records
+// the event in its place among the graph's nodes, as CUDA's event record node does.
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
   // An event records only on a stream of its own device (the legacy stream: the current one).
   const int stream_device =
       is_legacy(stream) || stream == cudaStreamPerThread ? current_device : stream->device;
   if (event->device != stream_device) return fail(cudaErrorInvalidResourceHandle);
-  // The event's point moves to the end of the stream's queue (not inside a capture: there the
-  // record is a node of the graph).
+  {
+    Capture& c = capture();
+    const std::lock_guard<std::mutex> lock(c.mutex);
+    if (is_member(c, stream)) {
+      count_operation(c, stream);
+      if (flags & cudaEventRecordExternal)
+        c.nodes.push_back({{}, [event](cudaStream_t launch) { return cudaEventRecord(event, launch); }});
+      event->capture = c.generation;
+      event->capture_clock = c.members[stream];
+      return cudaSuccess;
+    }
+    if (c.active && is_legacy(stream) && is_blocking(c.stream)) {
+      c.invalidated = cudaErrorStreamCaptureImplicit;
+      return fail(cudaErrorStreamCaptureImplicit);
+    }
+  }
+  event->capture = 0;
+  // The event's point moves to the end of the stream's queue.
   const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
   return enqueue(
       stream, [recorded = event->recorded] { *recorded = std::chrono::steady_clock::now(); }, {},
       &event->point);
 }
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  return cudaEventRecordWithFlags(event, stream, cudaEventRecordDefault);
+}
 // Runs the recording stream up to the event's point.
+// EVENT's last record was captured into the capture in progress: a host wait for it is refused
+// (CUDA's unsafe call during a capture), and the capture invalidated.
+bool refuse_captured_event(cudaEvent_t event) {
+  Capture& c = capture();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  if (!c.active || event->capture != c.generation) return false;
+  c.invalidated = cudaErrorStreamCaptureUnsupported;
+  return true;
+}
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (refuse_captured_event(event)) return fail(cudaErrorStreamCaptureUnsupported);
   const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
   if (event->point.queue) {
     log_wait("cudaEventSynchronize", {event->point});
@@ -1243,6 +1348,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 // which it then does.
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (refuse_captured_event(event)) return fail(cudaErrorStreamCaptureUnsupported);
   const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
   if (!event->point.queue || event->point.queue->done >= event->point.count) return cudaSuccess;
   log_wait("cudaEventQuery", {event->point});

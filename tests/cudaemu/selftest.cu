@@ -368,6 +368,77 @@ int check_wait_log(const std::string& prefix) {
 
 }  // namespace
 
+// A capture that forks: a second stream that waits for an event recorded in the capture joins
+// it, its work replays in its place (after the fork, before the join), and an external record
+// is a node that each launch records; a fork never joined back fails the capture; a host wait
+// for an event recorded in the capture is refused. VALUES holds N >= 64 ints of device memory.
+void check_forked_capture(int* values, int n) {
+  cudaStream_t origin = nullptr, side = nullptr;
+  cudaStreamCreate(&origin);
+  cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+  cudaEvent_t fork = nullptr, join = nullptr, start = nullptr, end = nullptr;
+  cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
+  cudaEventCreateWithFlags(&join, cudaEventDisableTiming);
+  cudaEventCreate(&start);
+  cudaEventCreate(&end);
+  int* const a = values;
+  int* const b = values + 32;
+  cudaMemset(values, 0, static_cast<std::size_t>(n) * sizeof(int));
+  cudaStreamBeginCapture(origin, cudaStreamCaptureModeThreadLocal);
+  fill<<<1, 32, 0, origin>>>(a, 32, 7);
+  cudaEventRecord(fork, origin);
+  cudaStreamWaitEvent(side, fork, 0);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(side, &status);
+  expect(status == cudaStreamCaptureStatusActive, "fork: the stream that waited is capturing");
+  cudaEventRecordWithFlags(start, side, cudaEventRecordExternal);
+  copy_values<<<1, 32, 0, side>>>(a, b, 32);
+  cudaEventRecordWithFlags(end, side, cudaEventRecordExternal);
+  cudaEventRecord(join, side);
+  cudaStreamWaitEvent(origin, join, 0);
+  fill<<<1, 32, 0, origin>>>(a, 32, 9);
+  cudaGraph_t graph = nullptr;
+  expect(cudaStreamEndCapture(origin, &graph) == cudaSuccess && graph != nullptr,
+         "fork and join: the capture ends");
+  cudaStreamIsCapturing(side, &status);
+  expect(status == cudaStreamCaptureStatusNone, "and the forked stream's capture with it");
+  cudaGraphExec_t exec = nullptr;
+  cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphLaunch(exec, origin);
+  cudaStreamSynchronize(origin);
+  int got[2] = {-1, -1};
+  cudaMemcpy(&got[0], a, sizeof(int), cudaMemcpyDeviceToHost);
+  cudaMemcpy(&got[1], b, sizeof(int), cudaMemcpyDeviceToHost);
+  expect(got[0] == 9 && got[1] == 7,
+         "the forked work replays between the fork and the join (" + std::to_string(got[0]) +
+             ", " + std::to_string(got[1]) + ")");
+  float ms = -1;
+  expect(cudaEventElapsedTime(&ms, start, end) == cudaSuccess && ms >= 0,
+         "external records: each launch records them");
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+
+  cudaStreamBeginCapture(origin, cudaStreamCaptureModeThreadLocal);
+  cudaEventRecord(fork, origin);
+  cudaStreamWaitEvent(side, fork, 0);
+  add_one<<<1, 32, 0, side>>>(a, 32);
+  graph = nullptr;
+  expect(cudaStreamEndCapture(origin, &graph) == cudaErrorStreamCaptureUnjoined && graph == nullptr,
+         "a fork never joined back: cudaErrorStreamCaptureUnjoined");
+  cudaGetLastError();
+
+  cudaStreamBeginCapture(origin, cudaStreamCaptureModeThreadLocal);
+  cudaEventRecord(fork, origin);
+  expect(cudaEventQuery(fork) == cudaErrorStreamCaptureUnsupported,
+         "a host query of an event recorded in the capture is refused");
+  expect(cudaStreamEndCapture(origin, &graph) == cudaErrorStreamCaptureInvalidated,
+         "and invalidates the capture");
+  cudaGetLastError();
+  for (cudaEvent_t event : {fork, join, start, end}) cudaEventDestroy(event);
+  cudaStreamDestroy(side);
+  cudaStreamDestroy(origin);
+}
+
 int main(int argc, char** argv) {
   setenv("MPTRAIN_CUDAEMU_DEVICES", "2", 1);  // two devices, for the cross-device checks
   if (argc > 2 && std::strcmp(argv[1], "--wait-log") == 0) {
@@ -475,6 +546,7 @@ int main(int argc, char** argv) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+  check_forked_capture(values, n);
   check_deferred_streams();
   return mpt::cudaemu::check::report();
 }
