@@ -22,7 +22,7 @@ namespace mpt::kernels {
 bool graphs_supported();
 // The compute stream as an opaque handle (a cudaStream_t), for a library call that a capture
 // must hold and that is made outside kernels/ (sync BN's NCCL sum under --cuda.graphs:
-// comm::GradientReducer::capture_stats_on); nullptr in a build without CUDA.
+// comm::GradientReducer::capture_on); nullptr in a build without CUDA.
 void* capture_stream();
 
 class StepGraph {

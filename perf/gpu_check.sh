@@ -657,7 +657,8 @@ print(f"{max(fractions[1:]):.4f}" if len(fractions) > 1 else "-1")' "$run/metric
         run_line "trainer model=$model device=$device" "$run/summary.json" samples_per_s \
           final_train_loss test_accuracy tensor_peak_mb device_reserved_mb \
           step_allocations=step_tensor_allocations step_cudamalloc=step_device_slabs \
-          data_wait_fraction gradient_path exposed_comm=exposed_comm_time_s bn_stats_path 2>&1 \
+          data_wait_fraction gradient_path exposed_comm=exposed_comm_time_s bn_stats_path \
+          graph_allreduce graph_replays 2>&1 \
           | tee -a "$build/trainer.log"
       else
         echo "trainer model=$model device=$device failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \
@@ -678,8 +679,10 @@ print(f"{max(fractions[1:]):.4f}" if len(fractions) > 1 else "-1")' "$run/metric
       }' "$build/trainer.log" | tee -a "$build/trainer.log"
   done
   # resnet-mini with sync BN under --cuda.graphs (accumulate 1, as graphs need), beside the same
-  # run eager: the graph holds the statistics' ncclAllReduce calls (one rank's communicator), a
-  # real NCCL captured for the first time. The replayed steps should give the eager losses.
+  # run eager: the graph holds the statistics' and the gradient buckets' NCCL calls on the comm
+  # stream, forked from the compute stream and joined back (one rank's communicator;
+  # graph_allreduce=in-graph), a real NCCL captured for the first time. The replayed steps
+  # should give the eager losses.
   for device in cuda cuda+graphs; do
     run=$build/trainer-resnet-syncbn-$device
     graph_flag=()
@@ -691,7 +694,8 @@ print(f"{max(fractions[1:]):.4f}" if len(fractions) > 1 else "-1")' "$run/metric
       --output.overwrite --output.progress=lines "${graph_flag[@]}" > "$run.log" 2>&1 || rc=$?
     if [[ $rc -eq 0 && -f $run/summary.json ]]; then
       run_line "trainer model=resnet-mini-syncbn device=$device" "$run/summary.json" samples_per_s \
-        final_train_loss bn_stats_path graph_replays step_cudamalloc=step_device_slabs 2>&1 \
+        final_train_loss bn_stats_path graph_replays step_cudamalloc=step_device_slabs \
+        graph_allreduce exposed_comm=exposed_comm_time_s 2>&1 \
         | tee -a "$build/trainer.log"
     else
       echo "trainer model=resnet-mini-syncbn device=$device failed (exit $rc): $(grep -m1 -E 'error|fatal' "$run.log")" \

@@ -900,10 +900,16 @@ void Allreducer::sum_queued(float* data, std::int64_t count) {
   queued_backend(impl_->nccl, "sum_queued").sum_queued(data, count);
 }
 
-void Allreducer::sum_on_stream(float* data, std::int64_t count, void* stream) {
-  if (count < 0) abort_job("comm::Allreducer::sum_on_stream: a negative count");
-  queued_backend(impl_->nccl, "sum_on_stream").sum_on_stream(data, count, stream);
+bool Allreducer::captures_buckets() const {
+  return impl_->nccl && impl_->nccl->sums_world() && impl_->nccl->captures_buckets();
 }
+void Allreducer::capture_on(void* stream) {
+  queued_backend(impl_->nccl, "capture_on").capture_on(stream);
+}
+int Allreducer::next_join_slot() const {
+  return queued_backend(impl_->nccl, "next_join_slot").next_join_slot();
+}
+void Allreducer::replayed(int slot) { queued_backend(impl_->nccl, "replayed").replayed(slot); }
 
 void Allreducer::set_device_backend(std::unique_ptr<detail::NcclAllreduce> backend) {
   if (!backend) abort_job("comm::Allreducer::set_device_backend: no backend");

@@ -170,8 +170,14 @@ class Allreducer {
   // the compute work queued after it (detail::NcclAllreduce::sum_queued).
   bool sums_on_device() const;
   void sum_queued(float* data, std::int64_t count);
-  // ... or queued on STREAM itself, for a CUDA graph's capture (detail::NcclAllreduce).
-  void sum_on_stream(float* data, std::int64_t count, void* stream);
+  // CUDA graphs (detail::NcclAllreduce's contract): whether the gradient calls can be captured
+  // (no phase through the host); capture_on(STREAM) while the calling thread captures the
+  // compute stream STREAM (nullptr ends it; needs sums_on_device()); the join slot a graph
+  // captured now would hold; and replayed(SLOT) once a launch of that graph is queued.
+  bool captures_buckets() const;
+  void capture_on(void* stream);
+  int next_join_slot() const;
+  void replayed(int slot);
   // Tests: BACKEND stands in for the nccl backend from now on (before the first call), so that
   // the queued form's users run on the CPU. Every call goes to it, as to the nccl backend.
   void set_device_backend(std::unique_ptr<detail::NcclAllreduce> backend);

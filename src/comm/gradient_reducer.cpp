@@ -174,6 +174,12 @@ void GradientReducer::ready_from(std::int64_t offset) {
   while (launched < num_buckets() && buckets_[static_cast<std::size_t>(launched)].begin >= offset)
     ++launched;
   if (!launch_until(launched)) return;
+  if (capture_stream_ != nullptr) {
+    // Captured: into the graph now, from this thread (the communication thread stays out).
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (finished_ < launched_) reduce_next(lock);
+    return;
+  }
   if (launched == num_buckets()) {
     // Every gradient is final: backward has ended, and what remains is exposed.
     std::lock_guard<std::mutex> lock(mutex_);
@@ -187,6 +193,14 @@ void GradientReducer::wait() {
   auto start = std::chrono::steady_clock::now();
   launch_until(num_buckets());
   std::unique_lock<std::mutex> lock(mutex_);
+  if (capture_stream_ != nullptr) {
+    // Captured: the remaining buckets and the join go into the graph; the host waits for
+    // nothing (replayed() ends the step once a launch is queued).
+    while (finished_ < num_buckets()) reduce_next(lock);
+    if (num_buckets() > 0) allreducer_->join();
+    in_step_ = false;
+    return;
+  }
   // Exposed time counts from the end of backward (the last ready_from, when that launched the
   // last bucket), not from this call: on a machine with no core to spare, the woken
   // communication thread can take the main thread's core in between, and that delay is
@@ -255,12 +269,33 @@ const char* GradientReducer::stats_path() const {
   return stats_staging_.defined() ? "staged" : "device";
 }
 
-void GradientReducer::capture_stats_on(void* stream) {
-  if (stream != nullptr && std::string(stats_path()) != "device")
-    abort_job(std::string("comm::GradientReducer::capture_stats_on: a graph can hold sync BN's "
-                          "sums only on the device path, and this reducer's is ") +
-              stats_path());
+void GradientReducer::capture_on(void* stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stream != nullptr) {
+    if (!queued_ || !allreducer_->sums_on_device())
+      abort_job(std::string("comm::GradientReducer::capture_on: a graph can hold the "
+                            "communicator's calls only where nothing goes through the host "
+                            "(flat-nccl, or nccl on one node), and this reducer's statistics "
+                            "path is ") +
+                stats_path());
+    if (in_step_ || busy_ || collective_ != nullptr || finished_ != launched_)
+      abort_job("comm::GradientReducer::capture_on: a capture must start between a wait() and "
+                "the next begin(), with nothing of a step in flight");
+  }
+  // The communication thread leaves every bucket to this thread meanwhile (bucket_due()).
+  caller_reduces_ = stream != nullptr;
   capture_stream_ = stream;
+  allreducer_->capture_on(stream);
+}
+
+void GradientReducer::replayed(int slot) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (capture_stream_ != nullptr || in_step_ || finished_ != launched_)
+    abort_job("comm::GradientReducer::replayed: a captured step's graph is launched outside a "
+              "capture and outside a step");
+  allreducer_->replayed(slot);
+  comm_seconds_ = exposed_peer_wait_seconds_ = peer_wait_seconds_ = 0;
+  exposed_seconds_ = finish_queued(lock, /*keep=*/1);
 }
 
 void GradientReducer::sum_stats(Tensor& sums) {
@@ -268,13 +303,10 @@ void GradientReducer::sum_stats(Tensor& sums) {
     abort_job("comm::GradientReducer::sum_stats: the statistics must be f32, at most 2^31 - 1");
   const bool on_host = sums.device() == Device::cpu;
   if (capture_stream_ != nullptr) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (on_host || in_step_ || busy_ || collective_ != nullptr)
-        abort_job("comm::GradientReducer::sum_stats: a captured sum needs device statistics and "
-                  "no step in flight (between wait() and begin())");
-    }
-    allreducer_->sum_on_stream(sums.data<float>(), sums.numel(), capture_stream_);
+    // Into the graph, from this thread, in order with the buckets it queued (capture_on()).
+    if (on_host)
+      abort_job("comm::GradientReducer::sum_stats: a captured sum needs device statistics");
+    allreducer_->sum_queued(sums.data<float>(), sums.numel());
     return;
   }
   if (!on_host && !sums_on_device()) {

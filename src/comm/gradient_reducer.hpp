@@ -106,14 +106,27 @@ class GradientReducer {
   // Where sum_stats() sums the planned statistics: "host" (host data, MPI), "staged" (device
   // data through the host copy) or "device" (NCCL's stream, no host wait); "off" unplanned.
   const char* stats_path() const;
-  // --cuda.graphs with sync BN: while STREAM (a cudaStream_t: the compute stream, which the
-  // calling thread is capturing into a graph) is set, sum_stats() queues each sum on STREAM
-  // itself, from the calling thread, so that the graph holds the NCCL call and every replay
-  // runs it (Allreducer::sum_on_stream); nullptr ends that. Only on the "device" path, and
-  // only between a wait() and the next begin(): a replay launched then runs on the device
-  // after the previous step's calls (the optimizer waited for them) and before this step's
-  // buckets (queued after it), the only order that keeps the communicator's calls apart.
-  void capture_stats_on(void* stream);
+  // --cuda.graphs. While STREAM (a cudaStream_t: the compute stream, which the calling thread is
+  // capturing into a graph) is set, every call of the communicator is made by the calling
+  // thread, at once, into the graph (Allreducer::capture_on: the comm stream forks from the
+  // compute stream and joins it again): sum_stats() queues each sum there, and a step begun
+  // inside the capture queues each bucket as ready_from() launches it, so that the replays
+  // overlap the all-reduce with backward; its wait() ends with the graph's join and waits for
+  // nothing. nullptr ends that. Needs the "device" statistics path (flat-nccl, or nccl on one
+  // node), buckets captures_buckets(), and the communication thread idle: between a wait() and
+  // the next begin().
+  void capture_on(void* stream);
+  // Whether a step's buckets can be captured (the nccl backend with no phase through the host).
+  bool captures_buckets() const { return queued_ && allreducer_->captures_buckets(); }
+  // The join slot (0 or 1) that a step captured now would hold, and so the graph to launch for
+  // the next step whose buckets are in a graph: one graph per slot, alternating.
+  int next_join_slot() const { return allreducer_->next_join_slot(); }
+  // A launch of the graph captured with join slot SLOT (its step begun and waited for inside
+  // the capture) was queued: ends that step as wait() would, without a host wait for it (the
+  // host waits for the previous step's calls), and sets the last_*() figures: the comm and
+  // exposed time are the device's, as for every queued step; last_bucket_spans() is left as
+  // it was (no host thread reduced a bucket): a timeline leaves such a step's buckets out.
+  void replayed(int slot);
   // After wait(): blocks until the device has run every call queued so far (the nccl backend;
   // nothing otherwise), polling NCCL's errors inside a collective scope. Call it before the host
   // reads what the step wrote on the device (a logged loss, a checkpoint, evaluation) and at the
@@ -194,7 +207,7 @@ class GradientReducer {
   bool stats_planned_ = false;
   Device stats_device_ = Device::cpu;
   Tensor stats_staging_;  // plan_stats()'s host copy, where device statistics need one
-  void* capture_stream_ = nullptr;  // capture_stats_on()'s
+  void* capture_stream_ = nullptr;  // capture_on()'s
   bool in_step_ = false;            // between begin() and the end of wait()
   bool collective_done_ = false;
   bool stopping_ = false;

@@ -109,7 +109,12 @@ class NcclBackend final : public NcclAllreduce {
   double finish(int keep) override;
   bool sums_world() const override { return flat_ || topology_.num_nodes() == 1; }
   void sum_queued(float* data, std::int64_t count) override;
-  void sum_on_stream(float* data, std::int64_t count, void* stream) override;
+  bool captures_buckets() const override {
+    return flat_ || (topology_.num_nodes() == 1 && !config_.nccl_stage_one_node);
+  }
+  void capture_on(void* stream) override;
+  int next_join_slot() const override { return (oldest_join_ + outstanding_joins_) % 2; }
+  void replayed(int slot) override;
 
  private:
   // Makes the communicator's device current on the calling thread (GradientReducer's thread, or
@@ -117,11 +122,8 @@ class NcclBackend final : public NcclAllreduce {
   // checks that DATA is device memory.
   void select_device();
   void require_device_data(const void* data);
-  // Sync BN's sums: aborts naming CALL unless the communicator spans the world; false for no
-  // data; else makes the device current and checks DATA. Then sum_f32 queues the f32 sum of
-  // DATA in place on STREAM.
-  bool stats_sum_ready(const char* call, float* data, std::int64_t count);
-  void sum_f32(float* data, std::int64_t count, cudaStream_t stream);
+  // Aborts naming CALL while the calling thread captures (capture_on()).
+  void refuse_in_capture(const char* call) const;
   // SLOT's mark event; aborts naming CALL for a slot that was not planned.
   cudaEvent_t slot_event(const char* call, int slot) const;
   // Queues the all-reduce of DATA on the comm stream (after what the stream already waits for).
@@ -165,6 +167,13 @@ class NcclBackend final : public NcclAllreduce {
   int oldest_join_ = 0, outstanding_joins_ = 0;
   // sum_queued(): the compute stream before the call, and the comm stream after it.
   cudaEvent_t stats_ready_ = nullptr, stats_done_ = nullptr;
+  // The stream the compute work is ordered by: the legacy stream (every blocking stream's work,
+  // the compute stream's included), or, while capturing, the captured compute stream itself.
+  cudaStream_t origin_ = cudaStreamLegacy;
+  bool capturing_ = false;
+  // A captured join(): the comm stream forked from the compute stream's end of backward (so
+  // that it is in the graph even with no call), and joined back.
+  cudaEvent_t capture_fork_ = nullptr, capture_join_ = nullptr;
   SumOps ops_;                          // the MPI types and sums of the wire dtypes, for the rails
   IntraPlan plan_;
   void* scratch_ = nullptr;
@@ -211,8 +220,8 @@ NcclBackend::NcclBackend(const Topology& topology, const AllreduceConfig& config
     MPT_CHECK_CUDA(cudaEventCreateWithFlags(&join.compute_end, cudaEventDefault));
     MPT_CHECK_CUDA(cudaEventCreateWithFlags(&join.comm_done, cudaEventDefault));
   }
-  MPT_CHECK_CUDA(cudaEventCreateWithFlags(&stats_ready_, cudaEventDisableTiming));
-  MPT_CHECK_CUDA(cudaEventCreateWithFlags(&stats_done_, cudaEventDisableTiming));
+  for (cudaEvent_t* event : {&stats_ready_, &stats_done_, &capture_fork_, &capture_join_})
+    MPT_CHECK_CUDA(cudaEventCreateWithFlags(event, cudaEventDisableTiming));
 }
 
 NcclBackend::~NcclBackend() {
@@ -233,7 +242,7 @@ NcclBackend::~NcclBackend() {
     }
   }
   if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
-  for (cudaEvent_t event : {stats_ready_, stats_done_})
+  for (cudaEvent_t event : {stats_ready_, stats_done_, capture_fork_, capture_join_})
     if (event != nullptr) cudaEventDestroy(event);
   for (const Join& join : joins_)
     for (cudaEvent_t event : {join.compute_end, join.comm_done})
@@ -315,7 +324,14 @@ void NcclBackend::require_device_data(const void* data) {
         "host memory (stage it, or resolve with Device::cuda only for device data)");
 }
 
+void NcclBackend::refuse_in_capture(const char* call) const {
+  if (capturing_)
+    abort_job(std::string("comm::Allreducer::") + call +
+              ": the host waits for the device here, which a CUDA graph's capture cannot hold");
+}
+
 void NcclBackend::allreduce(void* data, std::int64_t count, DType dtype) {
+  refuse_in_capture("allreduce");
   if (count <= 0) return;
   select_device();
   require_device_data(data);
@@ -361,11 +377,15 @@ cudaEvent_t NcclBackend::slot_event(const char* call, int slot) const {
 void NcclBackend::mark(int slot) {
   select_device();
   // On the legacy stream, as compute_done_: after every kernel queued so far on the compute
-  // stream, and nothing later.
-  MPT_CHECK_CUDA(cudaEventRecord(slot_event("mark", slot), cudaStreamLegacy));
+  // stream, and nothing later. Captured: on the compute stream itself, a point of the graph.
+  MPT_CHECK_CUDA(cudaEventRecord(slot_event("mark", slot), origin_));
 }
 
 void NcclBackend::allreduce_queued(int slot, void* data, std::int64_t count, DType dtype) {
+  if (capturing_ && !captures_buckets())
+    abort_job("comm::Allreducer::allreduce_queued: this all-reduce has a phase through the host "
+              "(across nodes), which a CUDA graph's capture cannot hold (capture the buckets only "
+              "with flat-nccl or on one node)");
   if (count <= 0) return;
   select_device();
   require_device_data(data);
@@ -379,7 +399,19 @@ void NcclBackend::join() {
   select_device();
   if (outstanding_joins_ == 2)
     abort_job("comm::Allreducer::join: two joins are outstanding already (finish(1) first)");
-  const Join& join = joins_[(oldest_join_ + outstanding_joins_) % 2];
+  const Join& join = joins_[next_join_slot()];
+  if (capturing_) {
+    // Nodes of the graph: each launch records the two timing points, and the compute stream
+    // waits for the comm stream before the graph's end (CUDA refuses a capture whose fork is
+    // not joined back). Outstanding once a launch is queued (replayed()).
+    MPT_CHECK_CUDA(cudaEventRecord(capture_fork_, origin_));
+    MPT_CHECK_CUDA(cudaStreamWaitEvent(stream_, capture_fork_, 0));
+    MPT_CHECK_CUDA(cudaEventRecordWithFlags(join.compute_end, origin_, cudaEventRecordExternal));
+    MPT_CHECK_CUDA(cudaEventRecordWithFlags(join.comm_done, stream_, cudaEventRecordExternal));
+    MPT_CHECK_CUDA(cudaEventRecord(capture_join_, stream_));
+    MPT_CHECK_CUDA(cudaStreamWaitEvent(origin_, capture_join_, 0));
+    return;
+  }
   ++outstanding_joins_;
   // Where the compute stream is: every kernel of the step before the optimizer's. The step's
   // last bucket was marked here too, so the comm stream's end comes after it.
@@ -391,7 +423,25 @@ void NcclBackend::join() {
   MPT_CHECK_CUDA(cudaStreamWaitEvent(cudaStreamLegacy, join.comm_done, 0));
 }
 
+void NcclBackend::capture_on(void* stream) {
+  if (stream != nullptr && !sums_world())
+    abort_job("comm::Allreducer::capture_on: the nccl communicator is this node's only, and the "
+              "sum across nodes goes through the host, which a CUDA graph cannot capture");
+  capturing_ = stream != nullptr;
+  origin_ = capturing_ ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+}
+
+void NcclBackend::replayed(int slot) {
+  if (capturing_ || outstanding_joins_ == 2 || slot != next_join_slot())
+    abort_job("comm::Allreducer::replayed: the graph of join slot " + std::to_string(slot) +
+              " was launched where the next join is slot " + std::to_string(next_join_slot()) +
+              " with " + std::to_string(outstanding_joins_) +
+              " outstanding (finish(1) first; alternate the two slots' graphs)");
+  ++outstanding_joins_;
+}
+
 double NcclBackend::finish(int keep) {
+  refuse_in_capture("finish");
   select_device();
   double waited = 0;
   while (outstanding_joins_ > keep) {
@@ -408,39 +458,26 @@ double NcclBackend::finish(int keep) {
   return waited;
 }
 
-bool NcclBackend::stats_sum_ready(const char* call, float* data, std::int64_t count) {
+void NcclBackend::sum_queued(float* data, std::int64_t count) {
   if (!sums_world())
-    abort_job(std::string("comm::Allreducer::") + call +
-              ": the nccl communicator is this node's only; sum across nodes through the host");
-  if (count <= 0) return false;
+    abort_job("comm::Allreducer::sum_queued: the nccl communicator is this node's only; sum "
+              "across nodes through the host");
+  if (count <= 0) return;
   select_device();
   require_device_data(data);
-  return true;
-}
-
-void NcclBackend::sum_f32(float* data, std::int64_t count, cudaStream_t stream) {
-  // The plain f32 sum, never the gradients' wire dtype or scaling: counts and sums of squares.
-  MPT_CHECK_NCCL(ncclAllReduce(data, data, static_cast<std::size_t>(count), ncclFloat32, ncclSum,
-                               comm_, stream));
-}
-
-void NcclBackend::sum_queued(float* data, std::int64_t count) {
-  if (!stats_sum_ready("sum_queued", data, count)) return;
   // After the kernels that wrote DATA (everything on the compute stream so far: the caller
-  // waits in run_collective while this runs) and after the buckets queued before it: one
-  // communicator, one stream, one order of calls on every rank.
-  MPT_CHECK_CUDA(cudaEventRecord(stats_ready_, cudaStreamLegacy));
+  // waits in run_collective while this runs, or captures) and after the buckets queued before
+  // it: one communicator, one stream, one order of calls on every rank. The plain f32 sum, never
+  // the gradients' wire dtype or scaling: counts and sums of squares.
+  MPT_CHECK_CUDA(cudaEventRecord(stats_ready_, origin_));
   MPT_CHECK_CUDA(cudaStreamWaitEvent(stream_, stats_ready_, 0));
-  sum_f32(data, count, stream_);
+  MPT_CHECK_NCCL(ncclAllReduce(data, data, static_cast<std::size_t>(count), ncclFloat32, ncclSum,
+                               comm_, stream_));
   // As join(): a wait queued on the legacy stream holds every later kernel of the compute
-  // stream (the layer's coefficients next) until the sum is in, and the host goes on.
+  // stream (the layer's coefficients next) until the sum is in, and the host goes on; captured,
+  // the compute stream's own wait.
   MPT_CHECK_CUDA(cudaEventRecord(stats_done_, stream_));
-  MPT_CHECK_CUDA(cudaStreamWaitEvent(cudaStreamLegacy, stats_done_, 0));
-}
-
-void NcclBackend::sum_on_stream(float* data, std::int64_t count, void* stream) {
-  if (stats_sum_ready("sum_on_stream", data, count))
-    sum_f32(data, count, static_cast<cudaStream_t>(stream));
+  MPT_CHECK_CUDA(cudaStreamWaitEvent(origin_, stats_done_, 0));
 }
 
 void NcclBackend::enqueue(void* data, std::int64_t count, DType dtype) {

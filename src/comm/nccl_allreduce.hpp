@@ -81,11 +81,26 @@ class NcclAllreduce {
   // queued before it), and compute work queued after it waits for it on the device. From the
   // thread that queues the calls, in the same order on every rank. Abort unless sums_world().
   virtual void sum_queued(float* data, std::int64_t count) = 0;
-  // The same sum queued on STREAM (a cudaStream_t) itself, with no other stream or event: how
-  // a CUDA graph captures it (--cuda.graphs with sync BN: STREAM is the compute stream, being
-  // captured by the calling thread). Ordered by STREAM alone, so no other call of this
-  // communicator may be in flight when it runs: the caller keeps it apart from the buckets.
-  virtual void sum_on_stream(float* data, std::int64_t count, void* stream) = 0;
+
+  // CUDA graphs (--cuda.graphs). True when the gradient calls can be captured too: none of them
+  // goes through the host (flat-nccl, or hierarchical on one node and not staged there).
+  virtual bool captures_buckets() const = 0;
+  // STREAM (a cudaStream_t), or nullptr to end it: the calling thread is capturing STREAM (the
+  // compute stream) into a graph, and makes every call of this object until it ends. mark(),
+  // sum_queued() and join() then order the comm stream after STREAM, and STREAM after the comm
+  // stream, by events recorded on STREAM itself (CUDA's fork and join: the comm stream's calls
+  // become nodes of the graph), not through the legacy stream; join()'s timing points are
+  // nodes of the graph, recorded by each launch, and its join is outstanding only once a launch
+  // is queued (replayed()). allreduce() and finish() abort meanwhile. Abort unless
+  // sums_world(); allreduce_queued() then aborts unless captures_buckets().
+  virtual void capture_on(void* stream) = 0;
+  // The ring slot (0 or 1) of the join that join() or replayed() adds next. A graph captured
+  // with a join holds that slot's timing events, so it may be launched only when its slot
+  // comes round again: the other slot's graph alternates with it.
+  virtual int next_join_slot() const = 0;
+  // A launch of a graph captured with the join of SLOT was queued: that join is outstanding now,
+  // as after join(). Aborts unless SLOT is next_join_slot().
+  virtual void replayed(int slot) = 0;
 };
 
 // Collective over TOPOLOGY's world (nccl_allreduce.cpp; only in a build with NCCL).

@@ -1255,7 +1255,17 @@ TrainSummary Trainer::run() {
   // --cuda.graphs (checked in the setup: cuda, no accumulation, every layer capturable): the
   // graphs and the fixed batch buffers they read.
   const bool graphs = config.cuda_graphs;
-  kernels::StepGraph forward_backward_graph("forward+backward"), optimizer_graph("optimizer");
+  kernels::StepGraph optimizer_graph("optimizer");
+  // Where the reducer can capture the communicator's calls (nccl with no phase through the
+  // host), the step's gradient all-reduce is in the forward+backward graph too: each bucket
+  // queued on the comm stream as backward's hook launches it, so the replays overlap it with
+  // backward, and the graph ends with the compute stream's wait for it. Such a graph holds its
+  // join slot's timing events, so there is one per slot and they alternate
+  // (GradientReducer::next_join_slot). Elsewhere one graph, and the buckets go at wait().
+  const bool graph_buckets = graphs && reducer.captures_buckets() && reducer.num_buckets() > 0;
+  kernels::StepGraph forward_backward_graphs[2] = {
+      kernels::StepGraph(graph_buckets ? "forward+backward+allreduce (join slot 0)" : "forward+backward"),
+      kernels::StepGraph("forward+backward+allreduce (join slot 1)")};
   // Set by the first eager micro-batch of a full batch whose backward ran: that one made every
   // buffer the kernels create on first use (cuBLASLt's workspace, the bias partial rows), which
   // a capture must not allocate. Until then steps stay eager: a first step whose backward did not
@@ -1575,6 +1585,8 @@ TrainSummary Trainer::run() {
       const bool fault_now = state_->fault.rank == world.rank() && state_->fault.step == step + 1;
       const bool inject_nan = fault_now && state_->fault.kind == "nan-grad";
       fail_in_comm = fault_now && state_->fault.kind.rfind("comm-", 0) == 0;
+      // The replayed step's join slot, when its buckets are in the graph (-1: they go at wait()).
+      int replayed_slot = -1;
       for (std::int64_t micro = 0; micro < group; ++micro) {
         const bool last_micro = micro + 1 == group;
         const auto wait_start = Clock::now();
@@ -1623,8 +1635,12 @@ TrainSummary Trainer::run() {
         const Tensor& samples = raw_u8 ? normalized : delivered;
         // --cuda.graphs, after an eager full batch (graph_warmed): the batch goes into fixed
         // buffers, and forward, loss and backward replay from one graph (captured at the first
-        // such step); a short batch runs eagerly. Buckets then all go at wait(): no hook.
-        const bool replayed = graphs && graph_warmed && samples.dim(0) == batch;
+        // such step), with the gradient all-reduce where graph_buckets; a short batch runs
+        // eagerly. Without graph_buckets, buckets all go at wait(): no hook. An injected fault
+        // that the host decides on (a NaN gradient, a failure in the all-reduce) needs an eager
+        // step where the buckets would be in the graph.
+        const bool replayed = graphs && graph_warmed && samples.dim(0) == batch &&
+                              !(graph_buckets && (inject_nan || fail_in_comm));
         // Without a lag the step's loss so far is read on the host, before and after this
         // micro-batch's (free: host memory), so that the skip line is printed once per step.
         const bool finite_before =
@@ -1632,18 +1648,33 @@ TrainSummary Trainer::run() {
         if (replayed) {
           kernels::copy(samples, graph_samples);
           kernels::copy(labels, graph_labels);
-          if (!forward_backward_graph.captured()) {
-            // Sync BN's sums become NCCL calls inside the graph (no bucket is in flight here:
-            // the previous step's wait() is done and this step's begin() comes after).
-            if (config.model.sync_bn) reducer.capture_stats_on(kernels::capture_stream());
-            forward_backward_graph.capture([&] {
+          if (graph_buckets) replayed_slot = reducer.next_join_slot();
+          kernels::StepGraph& graph = forward_backward_graphs[std::max(0, replayed_slot)];
+          if (!graph.captured()) {
+            // The communicator's calls (sync BN's sums, and the buckets where graph_buckets)
+            // become nodes of the graph, made by this thread (nothing of the reducer is in
+            // flight here: the previous step's wait() is done, and this step begins inside).
+            const bool capture_calls = config.model.sync_bn || graph_buckets;
+            if (capture_calls) reducer.capture_on(kernels::capture_stream());
+            graph.capture([&] {
+              if (graph_buckets) {
+                reducer.begin();
+                accumulating = false;  // no accumulation under graphs
+                poison_in_hook = false;  // a host-decided NaN takes an eager step (above)
+              }
               const Tensor& logits = model->forward(graph_samples, /*training=*/true);
               kernels::softmax_xent_step(logits, graph_labels, dlogits, grad_scale, step_state);
-              model->backward(dlogits, no_hook);
+              const bool graph_hook = graph_buckets && overlap && reducer.num_buckets() > 1;
+              model->backward(dlogits, graph_hook ? launch_buckets : no_hook);
+              if (graph_buckets) {
+                // The hook poisons before the bucket of element 0 launches; without it, here.
+                if (!graph_hook && deferred) kernels::poison_if_nonfinite_loss(grads, step_state);
+                reducer.wait();
+              }
             });
-            if (config.model.sync_bn) reducer.capture_stats_on(nullptr);
+            if (capture_calls) reducer.capture_on(nullptr);
           }
-          forward_backward_graph.replay();
+          graph.replay();
           ++graph_replays;
         } else {
           const Tensor& logits = model->forward(samples, /*training=*/true);
@@ -1673,7 +1704,7 @@ TrainSummary Trainer::run() {
             !graphs && last_micro && run_backward && overlap && reducer.num_buckets() > 1;
         const bool must_poison =
             (!loss_finite && skip_nonfinite_loss) || (last_micro && inject_nan);
-        if (last_micro) {
+        if (last_micro && replayed_slot < 0) {
           reducer.begin();
           accumulated_until = grads.numel();
           accumulating = group > 1;
@@ -1699,9 +1730,10 @@ TrainSummary Trainer::run() {
           if (micro == 0 && grads.dtype() == DType::f32) kernels::copy(grads, accumulated);
           else if (micro == 0) kernels::cast(grads, accumulated);
           else kernels::add(accumulated, grads, accumulated);
-        } else if (!hooked) {
-          // No backward ran on this rank (non-finite loss): nothing is launched yet, so the
-          // gradients can still be written; every bucket goes at wait().
+        } else if (!hooked && replayed_slot < 0) {
+          // No backward ran on this rank (non-finite loss), or it ran without the hook (graphs,
+          // overlap off): nothing is launched yet, so the gradients can still be written; every
+          // bucket goes at wait(). (A replay with the buckets did all of this in the graph.)
           if (accumulating) add_accumulated(0);
           if (deferred) kernels::poison_if_nonfinite_loss(grads, step_state);
           if (must_poison) poison(grads);
@@ -1723,7 +1755,10 @@ TrainSummary Trainer::run() {
       const auto wait_called = Clock::now();
       comm::set_phase(comm::Phase::allreduce);
       profile::push("allreduce_wait");
-      reducer.wait();
+      // A replay with the buckets queued its all-reduce in the graph: the host waits for the
+      // previous step's, as wait() does.
+      if (replayed_slot >= 0) reducer.replayed(replayed_slot);
+      else reducer.wait();
       take_reducer_times();
       profile::pop();
       const auto optimizer_start = Clock::now();
@@ -1731,7 +1766,10 @@ TrainSummary Trainer::run() {
       profile::push("optimizer");
       if (timeline) {
         timeline->span("allreduce_wait", Timeline::kTraining, wait_called, optimizer_start, step + 1);
-        for (const auto& bucket : reducer.last_bucket_spans()) {
+        // A replay's buckets were queued by the graph's launch: no host span to show.
+        const std::size_t spans = replayed_slot >= 0 ? 0 : reducer.last_bucket_spans().size();
+        for (std::size_t b = 0; b < spans; ++b) {
+          const auto& bucket = reducer.last_bucket_spans()[b];
           // The step's tail may run on the training thread, inside wait().
           const auto track = bucket.by_caller ? Timeline::kTraining : Timeline::kCommunication;
           timeline->span("allreduce_bucket", track, bucket.start, bucket.end, step + 1);
@@ -2037,6 +2075,9 @@ TrainSummary Trainer::run() {
         // host copy: the host backends, or nccl across nodes) or device (NCCL's stream).
         .add("bn_stats_path", reducer.stats_path())
         .add("graph_replays", graph_replays)
+        // Where a replayed step's gradient all-reduce ran: inside the graph (overlapping
+        // backward), after it (at wait()), or none without --cuda.graphs.
+        .add("graph_allreduce", !graphs ? "none" : graph_buckets ? "in-graph" : "after-graph")
         .add("overlap", overlap)
         .add("buckets", reducer.num_buckets()).add("accumulate", accumulate)
         .add("precision", config.amp.precision).add("loss_scale", summary.loss_scale)

@@ -193,16 +193,27 @@ train np2-cpu 2 "${np2[@]}" --device=cpu && train np2-cuda 2 "${np2[@]}" --devic
   # NCCL inside the node, flat NCCL, and two emulated nodes of one rank (NCCL inside each,
   # MPI between them through pinned memory). The gradients stay on the device ("device" path),
   # bucket by bucket on the comm stream, overlapping backward.
+  # Each again under --cuda.graphs: on one node and on flat NCCL the buckets' calls are in the
+  # graph (the comm stream forked from the compute stream at each bucket's mark and joined at
+  # the end; graph_allreduce in-graph), across nodes they follow the replay (after-graph). The
+  # replayed steps 2-6 must give the eager losses bit for bit: a bucket missing from the graph
+  # leaves the ranks' gradients unsummed.
   if [ "${MPT_CUDAEMU_NCCL:-}" = ON ]; then
-    for variant in "intra --comm.intra=nccl" "flat --comm.allreduce=flat-nccl" \
-                   "nodes --comm.intra=nccl --comm.ranks-per-node=1"; do
+    for variant in "intra in-graph --comm.intra=nccl" "flat in-graph --comm.allreduce=flat-nccl" \
+                   "nodes after-graph --comm.intra=nccl --comm.ranks-per-node=1"; do
       set -- $variant
-      name=np2-nccl-$1; shift
+      name=np2-nccl-$1 where=$2; shift 2
       train "$name" 2 "${np2[@]}" --device=cuda "$@" && {
         [ "$(summary "$name" gradient_path)" = device ] && pass "$name: gradients reduced on the device" ||
           fail "$name: gradient_path $(summary "$name" gradient_path), expected device"
         same_losses np2-cpu "$name" 2e-2
         same_losses np2-cuda "$name" 2e-2
+        train "$name-graphs" 2 "${np2[@]}" --device=cuda "$@" --cuda.graphs && {
+          got="$(summary "$name-graphs" graph_allreduce) $(summary "$name-graphs" graph_replays)"
+          [ "$got" = "$where 5" ] && pass "$name-graphs: 5 replays, all-reduce $where" ||
+            fail "$name-graphs: graph_allreduce and replays '$got', expected '$where 5'"
+          same_losses "$name" "$name-graphs" 0
+        }
       }
     done
   else
@@ -244,14 +255,18 @@ if [ "${MPT_CUDAEMU_NCCL:-}" = ON ]; then
     }
   done
   # --cuda.graphs with sync BN (a device each, nccl): the statistics' ncclAllReduce calls are
-  # captured into the step's graph, on the compute stream, and run at every replay (the
-  # emulated NCCL numbers and queues them anew at each launch). The replayed steps must give
-  # the eager steps' losses bit for bit: with the captured sums left out, steps 2-5 move by 1e-3.
+  # captured into the step's graph with the buckets', in order on the comm stream, and run at
+  # every replay (the emulated NCCL numbers and queues them anew at each launch). The replayed
+  # steps must give the eager steps' losses bit for bit: with the captured sums left out,
+  # steps 2-5 move by 1e-3.
   syncbn=(--model.name=resnet-mini --train.max-steps=5 --train.batch-size=8 --model.sync-bn=true
           --device=cuda --comm.intra=nccl)
   MPTRAIN_CUDAEMU_DEVICES=2 train syncbn-eager 2 "${syncbn[@]}" &&
     MPTRAIN_CUDAEMU_DEVICES=2 train syncbn-graphs 2 "${syncbn[@]}" --cuda.graphs && {
     bn_stats_path syncbn-graphs device
+    [ "$(summary syncbn-graphs graph_allreduce)" = in-graph ] &&
+      pass "syncbn-graphs: the gradient all-reduce is in the graph" ||
+      fail "syncbn-graphs: graph_allreduce $(summary syncbn-graphs graph_allreduce), expected in-graph"
     replays=$(summary syncbn-graphs graph_replays)
     [ "$replays" = 4 ] && pass "syncbn-graphs: steps 2-5 replayed the graph" ||
       fail "syncbn-graphs: $replays replays, expected 4"
@@ -317,6 +332,8 @@ if [ "${MPT_CUDAEMU_NCCL:-}" = ON ]; then
   waits+=(--comm.bucket-mb=1 --comm.overlap=on)
   no_step_waits waits-nccl 2 "${waits[@]}" --device=cuda --comm.intra=nccl
   no_step_waits waits-flat 2 "${waits[@]}" --device=cuda --comm.allreduce=flat-nccl
+  # The buckets in the graph: the host waits for the previous replay's join only.
+  no_step_waits waits-nccl-graphs 2 "${waits[@]}" --device=cuda --comm.intra=nccl --cuda.graphs
   # Sync BN: its statistics are summed on NCCL's stream inside forward and backward, and the
   # next kernels wait for them on the device, not the host.
   no_step_waits waits-syncbn 2 --model.name=resnet-mini --train.batch-size=8 --model.sync-bn=true \

@@ -267,12 +267,14 @@ class QueuedStandIn final : public detail::NcclAllreduce {
   }
   void mark(int slot) override {
     const std::lock_guard<std::mutex> lock(mutex_);
+    check_thread();
     ASSERT_TRUE(slot >= 0 && static_cast<std::size_t>(slot) < state_.size()) << slot;
     EXPECT_EQ(state_[static_cast<std::size_t>(slot)], State::idle) << "slot " << slot << " marked twice";
     state_[static_cast<std::size_t>(slot)] = State::marked;
   }
   void allreduce_queued(int slot, void* data, std::int64_t count, DType dtype) override {
     const std::lock_guard<std::mutex> lock(mutex_);
+    check_thread();
     ASSERT_TRUE(slot >= 0 && static_cast<std::size_t>(slot) < state_.size()) << slot;
     EXPECT_EQ(state_[static_cast<std::size_t>(slot)], State::marked)
         << "slot " << slot << " queued before its mark";
@@ -288,13 +290,20 @@ class QueuedStandIn final : public detail::NcclAllreduce {
     for (std::size_t b = 0; b < state_.size(); ++b)
       EXPECT_EQ(state_[b], State::queued) << "join before slot " << b << " was queued";
     EXPECT_LE(outstanding_, 1) << "a third join before finish(1)";
+    state_.assign(state_.size(), State::idle);
+    if (capturing_) {
+      // The graph of this join slot: its calls run at each replayed(), on the buffers named now.
+      graphs_[static_cast<std::size_t>(next_slot())] = std::move(pending_);
+      pending_.clear();
+      return;
+    }
     for (const Pending& call : pending_) host_.allreduce(call.data, call.count, call.dtype);
     pending_.clear();
-    state_.assign(state_.size(), State::idle);
     ++outstanding_;
   }
   double finish(int keep) override {
     const std::lock_guard<std::mutex> lock(mutex_);
+    EXPECT_FALSE(capturing_) << "finish() while capturing: a host wait inside the graph";
     EXPECT_TRUE(keep == 0 || keep == 1) << keep;
     EXPECT_TRUE(pending_.empty()) << "finish with calls queued after the last join";
     while (outstanding_ > keep) {
@@ -307,10 +316,54 @@ class QueuedStandIn final : public detail::NcclAllreduce {
   // queued after it). The host tests hand sum_stats() host data, which never comes here.
   bool sums_world() const override { return true; }
   void sum_queued(float* data, std::int64_t count) override {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (capturing_) {  // a node of the graph, in order with the buckets
+        pending_.push_back({data, count, DType::f32});
+        return;
+      }
+    }
     MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   }
-  void sum_on_stream(float* data, std::int64_t count, void*) override { sum_queued(data, count); }
+  // CUDA graphs: while capturing, calls are recorded, and join() ends the graph of its slot;
+  // replayed(SLOT) runs that graph's calls (in capture order) and makes its join outstanding.
+  bool captures_buckets() const override { return true; }
+  void capture_on(void* stream) override {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    EXPECT_NE(capturing_, stream != nullptr) << "capture_on() twice alike";
+    capturing_ = stream != nullptr;
+    if (capturing_) {
+      EXPECT_EQ(capturing_thread_, std::thread::id()) << "one capture at a time";
+      capturing_thread_ = std::this_thread::get_id();
+    } else {
+      capturing_thread_ = {};
+      EXPECT_TRUE(pending_.empty()) << "calls captured after the graph's join";
+    }
+  }
+  int next_join_slot() const override {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return next_slot();
+  }
+  void replayed(int slot) override {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    EXPECT_FALSE(capturing_);
+    EXPECT_EQ(slot, next_slot()) << "a graph launched out of its slot's turn";
+    EXPECT_LE(outstanding_, 1) << "a third join before finish(1)";
+    const std::vector<Pending>& graph = graphs_[static_cast<std::size_t>(slot)];
+    EXPECT_FALSE(graph.empty()) << "slot " << slot << " has no graph";
+    for (const Pending& call : graph) host_.allreduce(call.data, call.count, call.dtype);
+    ++outstanding_;
+    ++replays_;
+  }
   int completed_joins() const { return completed_; }
+  int replays() const { return replays_; }
+  int queued_calls() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<int>(pending_.size());
+  }
+  // Calls made by a thread other than the capturing one while a capture is on (the reducer's
+  // communication thread must stay out of a capture).
+  int foreign_captured_calls() const { return foreign_; }
   std::int64_t planned_max_count() const { return planned_max_count_; }
 
  private:
@@ -326,11 +379,19 @@ class QueuedStandIn final : public detail::NcclAllreduce {
     config.wire = wire;
     return config;
   }
+  int next_slot() const { return (completed_ + outstanding_) % 2; }  // mutex_ held
+  void check_thread() {  // mutex_ held
+    if (capturing_ && std::this_thread::get_id() != capturing_thread_) ++foreign_;
+  }
+
   Allreducer host_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::vector<State> state_;
   std::vector<Pending> pending_;
-  int outstanding_ = 0, completed_ = 0;
+  std::vector<Pending> graphs_[2];
+  bool capturing_ = false;
+  std::thread::id capturing_thread_;
+  int outstanding_ = 0, completed_ = 0, replays_ = 0, foreign_ = 0;
   std::int64_t planned_max_count_ = 0;
   DType planned_dtype_ = DType::f32;
 };
@@ -550,6 +611,77 @@ TEST_P(ReducerCases, WaitWithoutBackwardReducesEverything) {
   if (rank % 2 == 0) reducer.ready_from(kOffsets[3]);  // some ranks launch a few early
   reducer.wait();
   for (std::int64_t i = 0; i < kCount; ++i) ASSERT_EQ(grads.data<float>()[i], expected[i]) << i;
+}
+
+TEST(QueuedReducer, CapturedStepsReplayTheirBuckets) {
+  // --cuda.graphs with the buckets in the graph: a step begun and waited for inside a capture
+  // queues every bucket from the capturing thread, in order, into the graph of its join slot; replayed(slot) then runs them on whatever the buffers hold at the launch,
+  // and the slots' graphs alternate. Eager steps may come between. A bucket left to the
+  // communication thread, a call that missed the graph, or a graph of the wrong slot gives a
+  // wrong sum or a failed expectation.
+  const Case c{Algorithm::flat_mpi, 0, false, false, true};
+  CaseWorld w(c);
+  const int rank = w.rank;
+  float* g = w.grads.data<float>();
+  GradientReducer reducer(w.topology, w.config, w.grads, kOffsets, 1, 1);
+  QueuedStandIn* queued = queue_if(c, reducer, w.topology, DType::f32);
+  ASSERT_TRUE(reducer.captures_buckets());
+  ASSERT_GT(reducer.num_buckets(), 2);
+  std::vector<float> expected(kCount);
+  for (std::int64_t i = 0; i < kCount; ++i) expected[i] = local_value(rank, i);
+  MPI_Allreduce(MPI_IN_PLACE, expected.data(), static_cast<int>(kCount), MPI_FLOAT, MPI_SUM,
+                MPI_COMM_WORLD);
+  const auto write_step = [&](int step) {
+    for (std::int64_t i = 0; i < kCount; ++i) g[i] = local_value(rank, i) * (step + 1);
+  };
+  const auto check_step = [&](int step) {
+    std::int64_t wrong = 0;
+    for (std::int64_t i = 0; i < kCount; ++i) wrong += g[i] != expected[i] * (step + 1);
+    EXPECT_EQ(wrong, 0) << "step " << step;
+  };
+  // Step 0 eager; steps 1 and 2 capture the graphs of slots 1 and 0 (each replayed at once);
+  // step 3 eager again (its join takes slot 1); steps 4-6 replay the graphs, alternating.
+  std::vector<int> slots;
+  for (int step = 0; step < 7; ++step) {
+    if (step == 0 || step == 3) {
+      write_step(step);
+      reducer.begin();
+      for (std::size_t p = kOffsets.size(); p-- > 0;) reducer.ready_from(kOffsets[p]);
+      reducer.wait();
+      check_step(step);
+      continue;
+    }
+    const int slot = reducer.next_join_slot();
+    slots.push_back(slot);
+    if (step == 1 || step == 2) {
+      // The capture records calls on the buffers as they are now; nothing runs.
+      for (std::int64_t i = 0; i < kCount; ++i) g[i] = std::nanf("");
+      reducer.capture_on(&slots);  // any non-null handle: the stand-in keeps no stream
+      reducer.begin();
+      for (std::size_t p = kOffsets.size(); p-- > 0;) {
+        reducer.ready_from(kOffsets[p]);
+        // Time for a communication thread that wrongly took a bucket to show.
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        // Each launched bucket is in the graph already, where backward's next layers follow it.
+        int launched = 0;
+        for (int b = 0; b < reducer.num_buckets(); ++b) launched += reducer.bucket(b).begin >= kOffsets[p];
+        EXPECT_EQ(queued->queued_calls(), launched) << "step " << step << ", offset " << kOffsets[p];
+      }
+      reducer.wait();
+      reducer.capture_on(nullptr);
+      EXPECT_TRUE(std::isnan(g[0])) << "a capture ran a call";
+    }
+    write_step(step);  // the batch's values, in the graph's fixed buffers
+    reducer.replayed(slot);
+    check_step(step);
+    EXPECT_GE(reducer.last_exposed_seconds(), 0);
+  }
+  reducer.drain();
+  EXPECT_EQ(queued->replays(), 5);
+  EXPECT_EQ(queued->foreign_captured_calls(), 0)
+      << "the communication thread made calls during a capture";
+  EXPECT_EQ(queued->completed_joins(), 7);
+  EXPECT_EQ(slots, (std::vector<int>{1, 0, 0, 1, 0}));
 }
 
 TEST(StagedReducer, TimesStartWhenTheCopyLands) {

@@ -3,8 +3,10 @@
 // sizes {0, 1, 7, 1000, 1M+3} at odd offsets into a device buffer, f32 data with f32, f16 or bf16
 // on the wire and 16-bit data with its own, plain sums and pre/postscaled ones, against a float64
 // sum and for identical bits on every rank; then GradientReducer's buckets on device gradients
-// (the trainer's use: the queued form, calls from its communication thread), and sync BN's
-// statistics summed on the device among them. Runs under mpiexec.
+// (the trainer's use: the queued form, calls from its communication thread), sync BN's
+// statistics summed on the device among them, and such a step captured into CUDA graphs
+// (--cuda.graphs: the buckets' calls forked onto the comm stream inside the graph) and
+// replayed. Runs under mpiexec.
 // NCCL refuses two ranks on one GPU, so where the ranks of a node outnumber its GPUs (np 2 on the
 // one-H200 check machine) every rank reports SKIPPED (exit 77) with the reason, as it does
 // without a device or without NCCL. On one GPU only np 1 runs: NCCL's calls on a communicator of
@@ -23,6 +25,8 @@
 #include "core/device_memory.hpp"
 #include "core/error.hpp"
 #include "core/half.hpp"
+#include "kernels/add.hpp"
+#include "kernels/graph.hpp"
 #include "tests/comm/allreduce_values.hpp"
 #include "tests/gpu/harness.hpp"
 
@@ -239,6 +243,105 @@ void check_stats_sums(Harness& harness, const std::string& label, const Topology
   }
 }
 
+// --cuda.graphs with the all-reduce in the graph (GradientReducer::capture_on; the nccl
+// backend's fork of the comm stream from the captured compute stream at each bucket's mark, and
+// its join at the end). A step whose gradients and statistics a kernel writes from source
+// buffers, its buckets launched one by one and sync BN's sums between them: step 1 eager, then
+// each join slot's graph captured the first time the slot comes round and replayed, steps 2-5,
+// with new values in the sources each time. After each step (replayed(): the host waited for
+// the previous step's calls only) a copy on the legacy stream, which follows the graph's join,
+// must read the world's sums; the exposed time is the device's, from the graph's timing nodes.
+void check_captured_step(Harness& harness, const std::string& label, const Topology& topology,
+                         AllreduceConfig config) {
+  const std::int64_t count = 300007, values = 2 * 64 + 1;
+  const std::vector<std::int64_t> offsets = {0, 1000, 1003, 50000, 299999};
+  Tensor grads({count}, DType::f32, Device::cuda), source({count}, DType::f32, Device::cuda);
+  Tensor stats({values}, DType::f32, Device::cuda), stats_source({values}, DType::f32, Device::cuda);
+  Tensor zeros({count}, DType::f32, Device::cuda), stats_zeros({values}, DType::f32, Device::cuda);
+  std::vector<float> host(static_cast<std::size_t>(count)), sums(static_cast<std::size_t>(values));
+  device_memory::copy(zeros.raw(), Device::cuda, std::vector<float>(static_cast<std::size_t>(count)).data(),
+                      Device::cpu, zeros.size_bytes());
+  device_memory::copy(stats_zeros.raw(), Device::cuda,
+                      std::vector<float>(static_cast<std::size_t>(values)).data(), Device::cpu,
+                      stats_zeros.size_bytes());
+  config.wire = DType::f32;
+  GradientReducer reducer(topology, config, grads, offsets, 256 << 10, 64 << 10);
+  reducer.plan_stats(Device::cuda, values);
+  const bool captures = all_ranks(reducer.captures_buckets());
+  if (world_rank() == 0) harness.expect(captures, label + ": the buckets can be captured");
+  if (!captures) return;
+  kernels::StepGraph graphs[2] = {kernels::StepGraph(label + " (join slot 0)"),
+                                  kernels::StepGraph(label + " (join slot 1)")};
+  // The step: the "backward" that writes the gradients, the buckets from the last parameter,
+  // and the statistics summed after the first two buckets (in order with them).
+  const auto step_body = [&] {
+    reducer.begin();
+    kernels::add(source, zeros, grads);
+    kernels::add(stats_source, stats_zeros, stats);
+    reducer.ready_from(offsets[4]);
+    reducer.ready_from(offsets[3]);
+    reducer.sum_stats(stats);
+    for (int p = 2; p >= 0; --p) reducer.ready_from(offsets[static_cast<std::size_t>(p)]);
+    reducer.wait();
+  };
+  std::vector<int> slots;
+  for (int step = 1; step <= 5; ++step) {
+    for (std::int64_t i = 0; i < count; ++i)
+      host[static_cast<std::size_t>(i)] = step * contribution(DType::f32, world_rank(), i);
+    device_memory::copy(source.raw(), Device::cuda, host.data(), Device::cpu, source.size_bytes());
+    for (std::int64_t i = 0; i < values; ++i)
+      sums[static_cast<std::size_t>(i)] = static_cast<float>(step * (world_rank() + 1) + i);
+    device_memory::copy(stats_source.raw(), Device::cuda, sums.data(), Device::cpu,
+                        stats_source.size_bytes());
+    if (step == 1) {
+      step_body();  // eager: the communication thread's calls, NCCL's eager and captured mixed
+    } else {
+      const int slot = reducer.next_join_slot();
+      slots.push_back(slot);
+      kernels::StepGraph& graph = graphs[slot];
+      if (!graph.captured()) {
+        reducer.capture_on(kernels::capture_stream());
+        graph.capture(step_body);
+        reducer.capture_on(nullptr);
+      }
+      graph.replay();
+      reducer.replayed(slot);
+    }
+    const double exposed = reducer.last_exposed_seconds();
+    device_memory::copy(host.data(), Device::cpu, grads.raw(), Device::cuda, grads.size_bytes());
+    device_memory::copy(sums.data(), Device::cpu, stats.raw(), Device::cuda, stats.size_bytes());
+    const int ranks = world_size();
+    std::int64_t wrong = 0, bad = 0;
+    for (std::int64_t i = 0; i < count; ++i) {
+      double exact = 0, magnitudes = 0;
+      for (int r = 0; r < ranks; ++r) {
+        exact += step * contribution(DType::f32, r, i);
+        magnitudes += std::fabs(step * contribution(DType::f32, r, i));
+      }
+      if (!(std::fabs(host[static_cast<std::size_t>(i)] - exact) <= (ranks + 2) * 0x1p-24 * magnitudes))
+        ++wrong;
+    }
+    for (std::int64_t i = 0; i < values; ++i)
+      bad += sums[static_cast<std::size_t>(i)] !=
+             static_cast<float>(step * ranks * (ranks + 1) / 2 + ranks * i);
+    const bool ok = all_ranks(wrong == 0 && bad == 0), timed = all_ranks(exposed >= 0);
+    if (world_rank() == 0) {
+      const std::string at = label + ", step " + std::to_string(step) +
+                             (step == 1 ? " (eager)" : " (replayed, join slot " +
+                                                           std::to_string(slots.back()) + ")");
+      harness.expect(ok, at + ": " + std::to_string(reducer.num_buckets()) +
+                             " buckets and the statistics summed",
+                     std::to_string(wrong) + " wrong gradients, " + std::to_string(bad) +
+                         " wrong statistics on some rank");
+      harness.expect(timed, at + ": exposed time measured", std::to_string(exposed));
+    }
+  }
+  reducer.drain();
+  const bool alternated = all_ranks(slots == std::vector<int>{1, 0, 1, 0});
+  if (world_rank() == 0)
+    harness.expect(alternated, label + ": the two join slots' graphs alternate");
+}
+
 // Every rank says the same: prints on rank 0, returns 77 everywhere.
 int skip(const std::string& why) {
   if (world_rank() == 0) std::printf("SKIPPED: %s\n", why.c_str());
@@ -291,6 +394,17 @@ int run() {
     AllreduceConfig flat = config;
     flat.algorithm = Algorithm::flat_nccl;
     check_stats_sums(harness, "sync BN sums, flat-nccl", machine, flat, true);
+  }
+  if (kernels::graphs_supported()) {
+    if (machine.num_nodes() == 1)
+      check_captured_step(harness, "captured step, hierarchical nccl", machine, config);
+    if (shared.in_world.empty()) {
+      AllreduceConfig flat = config;
+      flat.algorithm = Algorithm::flat_nccl;
+      check_captured_step(harness, "captured step, flat-nccl", machine, flat);
+    }
+  } else if (world_rank() == 0) {
+    std::printf("note: the captured steps are left out: MPTRAIN_CUDA_LEGACY_STREAM is set\n");
   }
 
   int failed = harness.failed();

@@ -1,5 +1,5 @@
 // Sync BN's statistics refuse what the reducer cannot sum (issue #8): each misuse of
-// GradientReducer::sum_stats / plan_stats / capture_stats_on and Allreducer::sum_queued must
+// GradientReducer::sum_stats / plan_stats / capture_on and Allreducer's queued form must
 // end the job with one line naming the call, not sum garbage, crash inside MPI or NCCL, or
 // leave a rank waiting. Usage: gpu_stats_refusal CASE, under mpiexec with 2 ranks, a device
 // each (MPTRAIN_CUDAEMU_DEVICES=2 on the emulator): rank 0 makes the misuse while rank 1 waits
@@ -36,13 +36,15 @@ constexpr Case kCases[] = {
     {"unplanned", false},         // device statistics, host backends, no plan_stats()
     {"oversized", false},         // more device statistics than plan_stats() planned
     {"not-f32", false},           // 16-bit statistics
-    {"capture-staged", false},    // capture_stats_on() where the statistics go through the host
+    {"capture-staged", false},    // capture_on() where the statistics go through the host
     {"negative-count", false},    // Allreducer::sum_queued with a negative count
-    {"stream-negative-count", false},  // ... and sum_on_stream
     {"plan-negative", false},     // plan_stats() for a negative number of statistics
-    {"captured-in-step", true},   // a captured sum between begin() and wait()
+    {"capture-in-step", true},    // capture_on() between begin() and wait()
     {"across-nodes", true},       // Allreducer::sum_queued where NCCL spans a node only
-    {"stream-across-nodes", true},  // ... and sum_on_stream
+    {"capture-across-nodes", true},   // ... and Allreducer::capture_on
+    {"capture-staged-buckets", true},  // a bucket captured where it goes through the host
+    {"finish-in-capture", true},  // a host wait (finish) while capturing
+    {"replayed-out-of-turn", true},  // the other join slot's graph launched
 };
 
 int skip(int rank, const std::string& why) {
@@ -84,6 +86,8 @@ int run(const Case& c, int rank) {
   nccl.intra = IntraBackend::nccl;
   const std::string name = c.name;
 
+  // Any stream handle where one is passed: each refusal comes before the call would use it.
+  void* const any_stream = grads.raw();
   if (name == "unplanned" || name == "oversized" || name == "not-f32" ||
       name == "capture-staged") {
     GradientReducer reducer(machine, host, grads, offsets, 1 << 12, 1 << 12);
@@ -91,34 +95,46 @@ int run(const Case& c, int rank) {
     Tensor stats({name == "oversized" ? 9 : 8}, name == "not-f32" ? DType::f16 : DType::f32,
                  Device::cuda);
     if (name == "capture-staged")
-      return on_rank0(rank, c.name, [&] { reducer.capture_stats_on(stats.raw()); });
+      return on_rank0(rank, c.name, [&] { reducer.capture_on(any_stream); });
     return on_rank0(rank, c.name, [&] { reducer.sum_stats(stats); });
   }
-  if (name == "negative-count" || name == "stream-negative-count") {
+  if (name == "negative-count") {
     Allreducer allreducer(machine, host);
-    if (name == "stream-negative-count")
-      return on_rank0(rank, c.name, [&] { allreducer.sum_on_stream(nullptr, -1, nullptr); });
     return on_rank0(rank, c.name, [&] { allreducer.sum_queued(nullptr, -1); });
   }
   if (name == "plan-negative") {
     GradientReducer reducer(machine, host, grads, offsets, 1 << 12, 1 << 12);
     return on_rank0(rank, c.name, [&] { reducer.plan_stats(Device::cuda, -1); });
   }
-  if (name == "captured-in-step") {
+  if (name == "capture-in-step") {
     GradientReducer reducer(machine, nccl, grads, offsets, 1 << 12, 1 << 12);
     reducer.plan_stats(Device::cuda, 8);
-    Tensor stats({8}, DType::f32, Device::cuda);
-    // Any stream handle: the refusal comes before the call would use it.
-    reducer.capture_stats_on(stats.raw());
     reducer.begin();
-    return on_rank0(rank, c.name, [&] { reducer.sum_stats(stats); });
+    return on_rank0(rank, c.name, [&] { reducer.capture_on(any_stream); });
+  }
+  if (name == "capture-staged-buckets" || name == "finish-in-capture") {
+    // One node, through the host anyway (the tests' stand-in for nodes of one rank), so the
+    // sums may be captured and the buckets may not.
+    AllreduceConfig staged = nccl;
+    staged.nccl_stage_one_node = name == "capture-staged-buckets";
+    Allreducer allreducer(machine, staged);
+    allreducer.plan_slots(1, 1024, DType::f32);
+    allreducer.capture_on(any_stream);
+    if (name == "finish-in-capture")
+      return on_rank0(rank, c.name, [&] { allreducer.finish(1); });
+    return on_rank0(rank, c.name,
+                    [&] { allreducer.allreduce_queued(0, grads.raw(), 1024, DType::f32); });
+  }
+  if (name == "replayed-out-of-turn") {
+    Allreducer allreducer(machine, nccl);
+    return on_rank0(rank, c.name, [&] { allreducer.replayed(1); });
   }
   // across-nodes: emulated nodes of one rank, so the NCCL communicator is each rank's alone.
   const Topology nodes(MPI_COMM_WORLD, 1);
   Allreducer allreducer(nodes, nccl);
   Tensor stats({8}, DType::f32, Device::cuda);
-  if (name == "stream-across-nodes")  // the stream is never used: the refusal comes first
-    return on_rank0(rank, c.name, [&] { allreducer.sum_on_stream(stats.data<float>(), 8, nullptr); });
+  if (name == "capture-across-nodes")
+    return on_rank0(rank, c.name, [&] { allreducer.capture_on(any_stream); });
   return on_rank0(rank, c.name, [&] { allreducer.sum_queued(stats.data<float>(), 8); });
 }
 
