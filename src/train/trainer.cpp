@@ -1587,6 +1587,13 @@ TrainSummary Trainer::run() {
       fail_in_comm = fault_now && state_->fault.kind.rfind("comm-", 0) == 0;
       // The replayed step's join slot, when its buckets are in the graph (-1: they go at wait()).
       int replayed_slot = -1;
+      // An injected fault that the host decides on in the all-reduce (a NaN gradient, a failure
+      // in it) needs an eager step where the buckets would be in the graph, and on every rank:
+      // NCCL requires a collective to be captured on all ranks or on none. MPTRAIN_FAULT is the
+      // same on every rank, so each knows the step.
+      const bool eager_fault_step =
+          graph_buckets && state_->fault.step == step + 1 &&
+          (state_->fault.kind == "nan-grad" || state_->fault.kind.rfind("comm-", 0) == 0);
       for (std::int64_t micro = 0; micro < group; ++micro) {
         const bool last_micro = micro + 1 == group;
         const auto wait_start = Clock::now();
@@ -1636,11 +1643,10 @@ TrainSummary Trainer::run() {
         // --cuda.graphs, after an eager full batch (graph_warmed): the batch goes into fixed
         // buffers, and forward, loss and backward replay from one graph (captured at the first
         // such step), with the gradient all-reduce where graph_buckets; a short batch runs
-        // eagerly. Without graph_buckets, buckets all go at wait(): no hook. An injected fault
-        // that the host decides on (a NaN gradient, a failure in the all-reduce) needs an eager
-        // step where the buckets would be in the graph.
-        const bool replayed = graphs && graph_warmed && samples.dim(0) == batch &&
-                              !(graph_buckets && (inject_nan || fail_in_comm));
+        // eagerly. Without graph_buckets, buckets all go at wait(): no hook. Each of these
+        // choices is the same on every rank.
+        const bool replayed =
+            graphs && graph_warmed && samples.dim(0) == batch && !eager_fault_step;
         // Without a lag the step's loss so far is read on the host, before and after this
         // micro-batch's (free: host memory), so that the skip line is printed once per step.
         const bool finite_before =

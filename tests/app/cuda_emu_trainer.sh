@@ -216,6 +216,16 @@ train np2-cpu 2 "${np2[@]}" --device=cpu && train np2-cuda 2 "${np2[@]}" --devic
         }
       }
     done
+    # A fault the host decides on (rank 1's NaN gradient at step 4) with the buckets in the
+    # graph: every rank runs step 4 eagerly, as NCCL requires a collective to be captured on all
+    # ranks or on none (the emulated NCCL ends the job naming both ranks otherwise); the NaN
+    # skips the step everywhere, and steps 5-6 replay again.
+    MPTRAIN_FAULT=nan-grad:1:4 train np2-nccl-graphs-nan 2 "${np2[@]}" --device=cuda \
+      --comm.intra=nccl --cuda.graphs && {
+      got="$(summary np2-nccl-graphs-nan skipped_steps) $(summary np2-nccl-graphs-nan graph_replays)"
+      [ "$got" = "1 4" ] && pass "np2-nccl-graphs-nan: step 4 eager on both ranks and skipped, 4 replays" ||
+        fail "np2-nccl-graphs-nan: skipped steps and replays '$got', expected '1 4'"
+    }
   else
     echo "note: NCCL is not emulated in this build (no nccl.h): the nccl runs are skipped"
   fi

@@ -18,7 +18,8 @@
 //
 // It checks what NCCL checks: the rank and count at init, one device per rank ("duplicate
 // GPU"), buffers in device memory of the communicator's device, the stream's device, types and
-// operations. Buffers, counts and roots that disagree across ranks are not detected (NCCL
+// operations; and one rule NCCL states but does not check: a collective is graph-captured on
+// every rank or on none (a mix ends the process naming both ranks). Buffers, counts and roots that disagree across ranks are not detected (NCCL
 // does not either: it hangs or computes garbage).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -55,6 +56,9 @@ struct Shared {
   std::atomic<unsigned> arrived;
   std::atomic<unsigned> generation;
   int device[kMaxRanks];  // each rank's device index, for the duplicate-GPU check
+  // Whether each rank's collective now running came from a graph launch: written before a
+  // collective's first barrier, read after it (NCCL requires all ranks or none to capture it).
+  std::atomic<int> captured[kMaxRanks];
 };
 static_assert(std::atomic<int>::is_always_lock_free && std::atomic<unsigned>::is_always_lock_free);
 
@@ -240,6 +244,7 @@ struct Call {
   std::size_t count;  // elements per rank's input (sendcount; recvcount of a reduce-scatter)
   ncclDataType_t type;
   int root;
+  bool captured = false;  // queued by a graph's launch
 };
 
 // The collective, run when its stream reaches it. Every rank's input is COUNT elements (the
@@ -256,11 +261,24 @@ void run(ncclComm* comm, const Call& c) {
   const std::size_t chunk = kSlotBytes / e;
   const auto* send = static_cast<const std::byte*>(c.send);
   auto* recv = static_cast<std::byte*>(c.recv);
+  comm->shared->captured[comm->rank].store(c.captured ? 1 : 0);
   for (std::size_t begin = 0; begin < per_rank; begin += chunk) {
     const std::size_t n = std::min(chunk, per_rank - begin);
     const bool contributes = c.kind != Kind::broadcast || comm->rank == c.root;
     if (contributes) std::memcpy(comm->slot(comm->rank), send + begin * e, n * e);
     if (!comm->barrier()) break;
+    if (begin == 0)
+      for (int r = 0; r < comm->nranks; ++r)
+        if (comm->shared->captured[r].load() != (c.captured ? 1 : 0)) {
+          std::fprintf(stderr,
+                       "cudaemu: NCCL collective #%llu is graph-captured on rank %d and not on "
+                       "rank %d: NCCL requires a collective to be captured on all ranks or on "
+                       "none (docs.nvidia.com, \"Using NCCL with CUDA Graphs\")\n",
+                       static_cast<unsigned long long>(c.seq), c.captured ? comm->rank : r,
+                       c.captured ? r : comm->rank);
+          std::fflush(stderr);
+          std::abort();
+        }
     const auto sum_into = [&](std::size_t from, std::size_t to, std::size_t out_begin) {
       for (std::size_t i = from; i < to; ++i) {
         float sum = load(comm->slot(0), i, c.type);
@@ -310,10 +328,12 @@ ncclResult_t check_buffer(const ncclComm* comm, const void* buffer, std::size_t 
   return ncclSuccess;
 }
 
-// Numbers CALL and queues it on STREAM, with the progress thread told to run it.
-ncclResult_t queue(ncclComm* comm, cudaStream_t stream, Call call) {
+// Numbers CALL and queues it on STREAM, with the progress thread told to run it; CAPTURED: by
+// a graph's launch.
+ncclResult_t queue(ncclComm* comm, cudaStream_t stream, Call call, bool captured) {
   if (comm->aborted.load()) return failure(ncclInvalidUsage, "the communicator was aborted");
   call.seq = ++comm->issued;
+  call.captured = captured;
   if (mpt::cudaemu::run_on_stream(stream, [comm, call] { run(comm, call); }) != cudaSuccess)
     return failure(ncclUnhandledCudaError, "queueing on the stream failed");
   cudaEvent_t done = nullptr;
@@ -354,12 +374,13 @@ ncclResult_t enqueue(ncclComm* comm, ncclRedOp_t op, cudaStream_t stream, Call c
     // the collective anew, in the graph's stream order, as the replayed kernel would join its
     // peers then. Checked once, here, as NCCL checks at capture.
     const cudaError_t recorded = mpt::cudaemu::capture_host_action(stream, [comm, call](cudaStream_t s) {
-      return queue(comm, s, call) == ncclSuccess ? cudaSuccess : cudaErrorLaunchFailure;
+      return queue(comm, s, call, /*captured=*/true) == ncclSuccess ? cudaSuccess
+                                                                     : cudaErrorLaunchFailure;
     });
     return recorded == cudaSuccess ? ncclSuccess
                                    : failure(ncclInvalidUsage, "recording into the capture failed");
   }
-  return queue(comm, stream, call);
+  return queue(comm, stream, call, /*captured=*/false);
 }
 
 // ncclGroupStart/End, per thread as NCCL's: each call of a group still runs in call order (every
