@@ -900,8 +900,9 @@ void Allreducer::sum_queued(float* data, std::int64_t count) {
   queued_backend(impl_->nccl, "sum_queued").sum_queued(data, count);
 }
 
+bool Allreducer::captures() const { return impl_->nccl && impl_->nccl->captures(); }
 bool Allreducer::captures_buckets() const {
-  return impl_->nccl && impl_->nccl->sums_world() && impl_->nccl->captures_buckets();
+  return impl_->nccl && impl_->nccl->captures_buckets();
 }
 void Allreducer::capture_on(void* stream) {
   queued_backend(impl_->nccl, "capture_on").capture_on(stream);

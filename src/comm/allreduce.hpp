@@ -170,10 +170,12 @@ class Allreducer {
   // the compute work queued after it (detail::NcclAllreduce::sum_queued).
   bool sums_on_device() const;
   void sum_queued(float* data, std::int64_t count);
-  // CUDA graphs (detail::NcclAllreduce's contract): whether the gradient calls can be captured
-  // (no phase through the host); capture_on(STREAM) while the calling thread captures the
-  // compute stream STREAM (nullptr ends it; needs sums_on_device()); the join slot a graph
-  // captured now would hold; and replayed(SLOT) once a launch of that graph is queued.
+  // CUDA graphs (detail::NcclAllreduce's contract): whether calls can be captured at all (the
+  // communicator spans the world, NCCL_GRAPH_MIXING_SUPPORT is not 0), and the gradient calls
+  // too (no phase through the host); capture_on(STREAM) while the calling thread captures the
+  // compute stream STREAM (nullptr ends it; needs captures()); the join slot a graph captured
+  // now would hold; and replayed(SLOT) once a launch of that graph is queued.
+  bool captures() const;
   bool captures_buckets() const;
   void capture_on(void* stream);
   int next_join_slot() const;

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -109,8 +110,9 @@ class NcclBackend final : public NcclAllreduce {
   double finish(int keep) override;
   bool sums_world() const override { return flat_ || topology_.num_nodes() == 1; }
   void sum_queued(float* data, std::int64_t count) override;
+  bool captures() const override { return sums_world() && graph_mixing_; }
   bool captures_buckets() const override {
-    return flat_ || (topology_.num_nodes() == 1 && !config_.nccl_stage_one_node);
+    return captures() && (flat_ || (topology_.num_nodes() == 1 && !config_.nccl_stage_one_node));
   }
   void capture_on(void* stream) override;
   int next_join_slot() const override { return (oldest_join_ + outstanding_joins_) % 2; }
@@ -171,6 +173,12 @@ class NcclBackend final : public NcclAllreduce {
   // the compute stream's included), or, while capturing, the captured compute stream itself.
   cudaStream_t origin_ = cudaStreamLegacy;
   bool capturing_ = false;
+  // NCCL_GRAPH_MIXING_SUPPORT (NCCL's, default 1): 0 forbids captured and eager calls of one
+  // communicator outstanding together, which a graph between eager steps has.
+  const bool graph_mixing_ = [] {
+    const char* value = std::getenv("NCCL_GRAPH_MIXING_SUPPORT");
+    return value == nullptr || std::string(value) != "0";
+  }();
   // A captured join(): the comm stream forked from the compute stream's end of backward (so
   // that it is in the graph even with no call), and joined back.
   cudaEvent_t capture_fork_ = nullptr, capture_join_ = nullptr;
@@ -388,7 +396,9 @@ void NcclBackend::allreduce_queued(int slot, void* data, std::int64_t count, DTy
               "with flat-nccl or on one node)");
   if (count <= 0) return;
   select_device();
-  require_device_data(data);
+  // Checked where it is safe (the eager steps before a capture pass the same buffers): CUDA does
+  // not list cudaPointerGetAttributes among the calls a capture allows.
+  if (!capturing_) require_device_data(data);
   // Only the compute work that wrote this slot's data, not whatever the training thread has
   // queued since (backward's next layers): the call overlaps them on the device.
   MPT_CHECK_CUDA(cudaStreamWaitEvent(stream_, slot_event("allreduce_queued", slot), 0));
@@ -427,6 +437,10 @@ void NcclBackend::capture_on(void* stream) {
   if (stream != nullptr && !sums_world())
     abort_job("comm::Allreducer::capture_on: the nccl communicator is this node's only, and the "
               "sum across nodes goes through the host, which a CUDA graph cannot capture");
+  if (stream != nullptr && !graph_mixing_)
+    abort_job("comm::Allreducer::capture_on: NCCL_GRAPH_MIXING_SUPPORT=0 forbids a graph's NCCL "
+              "calls and eager ones outstanding together, as the eager steps around a replayed "
+              "graph have them (unset it, or run without --cuda.graphs)");
   capturing_ = stream != nullptr;
   origin_ = capturing_ ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
 }
@@ -464,7 +478,7 @@ void NcclBackend::sum_queued(float* data, std::int64_t count) {
               "across nodes through the host");
   if (count <= 0) return;
   select_device();
-  require_device_data(data);
+  if (!capturing_) require_device_data(data);  // as in allreduce_queued()
   // After the kernels that wrote DATA (everything on the compute stream so far: the caller
   // waits in run_collective while this runs, or captures) and after the buckets queued before
   // it: one communicator, one stream, one order of calls on every rank. The plain f32 sum, never

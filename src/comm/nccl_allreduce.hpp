@@ -82,8 +82,12 @@ class NcclAllreduce {
   // thread that queues the calls, in the same order on every rank. Abort unless sums_world().
   virtual void sum_queued(float* data, std::int64_t count) = 0;
 
-  // CUDA graphs (--cuda.graphs). True when the gradient calls can be captured too: none of them
-  // goes through the host (flat-nccl, or hierarchical on one node and not staged there).
+  // CUDA graphs (--cuda.graphs). captures(): calls may be captured at all: the communicator
+  // spans the world (sums_world()), and NCCL lets a graph's calls and eager ones be outstanding
+  // together (NCCL_GRAPH_MIXING_SUPPORT is not 0), as the eager steps around a replay need.
+  // captures_buckets(): the gradient calls too, none of which then goes through the host
+  // (flat-nccl, or hierarchical on one node and not staged there).
+  virtual bool captures() const = 0;
   virtual bool captures_buckets() const = 0;
   // STREAM (a cudaStream_t), or nullptr to end it: the calling thread is capturing STREAM (the
   // compute stream) into a graph, and makes every call of this object until it ends. mark(),
@@ -92,7 +96,7 @@ class NcclAllreduce {
   // become nodes of the graph), not through the legacy stream; join()'s timing points are
   // nodes of the graph, recorded by each launch, and its join is outstanding only once a launch
   // is queued (replayed()). allreduce() and finish() abort meanwhile. Abort unless
-  // sums_world(); allreduce_queued() then aborts unless captures_buckets().
+  // captures(); allreduce_queued() then aborts unless captures_buckets().
   virtual void capture_on(void* stream) = 0;
   // The ring slot (0 or 1) of the join that join() or replayed() adds next. A graph captured
   // with a join holds that slot's timing events, so it may be launched only when its slot

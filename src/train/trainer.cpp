@@ -1173,6 +1173,11 @@ TrainSummary Trainer::run() {
                     reducer.stats_path() + ": the host backends, or nccl across nodes)",
                 "use --comm.intra=nccl on one node or --comm.allreduce=flat-nccl, or leave one "
                 "of the two off");
+    MPT_REQUIRE(!config.cuda_graphs || reducer.allreducer().captures(),
+                "--cuda.graphs cannot capture --model.sync-bn's NCCL sums: "
+                "NCCL_GRAPH_MIXING_SUPPORT=0 forbids a graph's NCCL calls and eager ones "
+                "outstanding together",
+                "unset NCCL_GRAPH_MIXING_SUPPORT, or leave one of the two off");
   }
   broadcast_from_root(model->master_params(), world);
   model->recast_from_master();  // the 16-bit working copy (a no-op under fp32)
@@ -1661,7 +1666,16 @@ TrainSummary Trainer::run() {
             // become nodes of the graph, made by this thread (nothing of the reducer is in
             // flight here: the previous step's wait() is done, and this step begins inside).
             const bool capture_calls = config.model.sync_bn || graph_buckets;
+            // Ends the reducer's capture mode however the capture ends (a throw from the body
+            // included), so that nothing after it takes an eager call for a captured one.
+            struct EndCapture {
+              comm::GradientReducer* reducer;
+              ~EndCapture() {
+                if (reducer != nullptr) reducer->capture_on(nullptr);
+              }
+            };
             if (capture_calls) reducer.capture_on(kernels::capture_stream());
+            const EndCapture end_capture{capture_calls ? &reducer : nullptr};
             graph.capture([&] {
               if (graph_buckets) {
                 reducer.begin();
@@ -1678,7 +1692,6 @@ TrainSummary Trainer::run() {
                 reducer.wait();
               }
             });
-            if (capture_calls) reducer.capture_on(nullptr);
           }
           graph.replay();
           ++graph_replays;

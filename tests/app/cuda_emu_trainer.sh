@@ -216,6 +216,28 @@ train np2-cpu 2 "${np2[@]}" --device=cpu && train np2-cuda 2 "${np2[@]}" --devic
         }
       }
     done
+    # NCCL_GRAPH_MIXING_SUPPORT=0 forbids a graph's NCCL calls and eager ones outstanding
+    # together: the buckets then follow the replay (after-graph), and sync BN's sums, which only
+    # a graph could hold, are refused before step 1.
+    NCCL_GRAPH_MIXING_SUPPORT=0 train np2-nccl-nomix-graphs 2 "${np2[@]}" --device=cuda \
+      --comm.intra=nccl --cuda.graphs && {
+      [ "$(summary np2-nccl-nomix-graphs graph_allreduce)" = after-graph ] &&
+        pass "np2-nccl-nomix-graphs: NCCL_GRAPH_MIXING_SUPPORT=0 keeps the all-reduce after the graph" ||
+        fail "np2-nccl-nomix-graphs: graph_allreduce $(summary np2-nccl-nomix-graphs graph_allreduce), expected after-graph"
+      same_losses np2-nccl-intra np2-nccl-nomix-graphs 0
+    }
+    rc=0
+    NCCL_GRAPH_MIXING_SUPPORT=0 timeout 120 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" train \
+      --data.train="$D/train.h5" --output.overwrite --output.dir="$TMP/nomix-syncbn" \
+      --model.name=resnet-mini --model.sync-bn=true --train.max-steps=2 --train.batch-size=8 \
+      --device=cuda --comm.intra=nccl --cuda.graphs >"$TMP/nomix-syncbn.log" 2>&1 || rc=$?
+    if [ "$rc" -ne 0 ] && grep -q "cannot capture --model.sync-bn's NCCL sums: NCCL_GRAPH_MIXING_SUPPORT=0" \
+         "$TMP/nomix-syncbn.log" && ! grep -q "^step 1" "$TMP/nomix-syncbn.log"; then
+      pass "nomix-syncbn: --cuda.graphs with sync BN refused under NCCL_GRAPH_MIXING_SUPPORT=0 (exit $rc)"
+    else
+      fail "nomix-syncbn: exit $rc, expected a refusal naming NCCL_GRAPH_MIXING_SUPPORT"
+      tail -3 "$TMP/nomix-syncbn.log" >&2
+    fi
     # A fault the host decides on (rank 1's NaN gradient at step 4) with the buckets in the
     # graph: every rank runs step 4 eagerly, as NCCL requires a collective to be captured on all
     # ranks or on none (the emulated NCCL ends the job naming both ranks otherwise); the NaN

@@ -327,6 +327,7 @@ class QueuedStandIn final : public detail::NcclAllreduce {
   }
   // CUDA graphs: while capturing, calls are recorded, and join() ends the graph of its slot;
   // replayed(SLOT) runs that graph's calls (in capture order) and makes its join outstanding.
+  bool captures() const override { return true; }
   bool captures_buckets() const override { return true; }
   void capture_on(void* stream) override {
     const std::lock_guard<std::mutex> lock(mutex_);

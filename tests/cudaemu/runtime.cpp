@@ -1291,7 +1291,8 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 // Inside a capture a record is no node of the graph (it only marks the point that a wait may
 // fork from or join to), unless FLAGS has cudaEventRecordExternal: then each launch records
-// the event in its place among the graph's nodes, as CUDA's event record node does.
+// the event in its place among the graph's nodes, as CUDA's event record node does, and it marks
+// no point that a wait could fork from or join to.
 cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
   // An event records only on a stream of its own device (the legacy stream: the current one).
@@ -1303,8 +1304,13 @@ cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, uns
     const std::lock_guard<std::mutex> lock(c.mutex);
     if (is_member(c, stream)) {
       count_operation(c, stream);
-      if (flags & cudaEventRecordExternal)
+      if (flags & cudaEventRecordExternal) {
+        // A node, and no point of the capture: in CUDA a wait for it forks or joins nothing, so
+        // here such a wait is one for an event from outside the capture (not recorded).
         c.nodes.push_back({{}, [event](cudaStream_t launch) { return cudaEventRecord(event, launch); }});
+        event->capture = 0;
+        return cudaSuccess;
+      }
       event->capture = c.generation;
       event->capture_clock = c.members[stream];
       return cudaSuccess;

@@ -429,6 +429,16 @@ void check_forked_capture(int* values, int n) {
 
   cudaStreamBeginCapture(origin, cudaStreamCaptureModeThreadLocal);
   cudaEventRecord(fork, origin);
+  cudaStreamWaitEvent(side, fork, 0);
+  add_one<<<1, 32, 0, side>>>(a, 32);
+  cudaEventRecordWithFlags(end, side, cudaEventRecordExternal);
+  cudaStreamWaitEvent(origin, end, 0);
+  expect(cudaStreamEndCapture(origin, &graph) == cudaErrorStreamCaptureUnjoined,
+         "a wait for an external record joins nothing: cudaErrorStreamCaptureUnjoined");
+  cudaGetLastError();
+
+  cudaStreamBeginCapture(origin, cudaStreamCaptureModeThreadLocal);
+  cudaEventRecord(fork, origin);
   expect(cudaEventQuery(fork) == cudaErrorStreamCaptureUnsupported,
          "a host query of an event recorded in the capture is refused");
   expect(cudaStreamEndCapture(origin, &graph) == cudaErrorStreamCaptureInvalidated,

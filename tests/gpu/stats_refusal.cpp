@@ -10,6 +10,7 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -45,6 +46,7 @@ constexpr Case kCases[] = {
     {"capture-staged-buckets", true},  // a bucket captured where it goes through the host
     {"finish-in-capture", true},  // a host wait (finish) while capturing
     {"replayed-out-of-turn", true},  // the other join slot's graph launched
+    {"capture-no-mixing", true},  // capture_on() under NCCL_GRAPH_MIXING_SUPPORT=0
 };
 
 int skip(int rank, const std::string& why) {
@@ -124,6 +126,11 @@ int run(const Case& c, int rank) {
       return on_rank0(rank, c.name, [&] { allreducer.finish(1); });
     return on_rank0(rank, c.name,
                     [&] { allreducer.allreduce_queued(0, grads.raw(), 1024, DType::f32); });
+  }
+  if (name == "capture-no-mixing") {
+    setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", 1);  // read as the backend is made
+    Allreducer allreducer(machine, nccl);
+    return on_rank0(rank, c.name, [&] { allreducer.capture_on(any_stream); });
   }
   if (name == "replayed-out-of-turn") {
     Allreducer allreducer(machine, nccl);
