@@ -129,6 +129,34 @@ void check_algorithm(Harness& harness, const std::string& label, const Topology&
   }
 }
 
+// The elements of HOST (COUNT, read back from the reduced gradients) that are not the world's
+// sum of STEP * contribution(rank, i) within the f32 summation bound.
+std::int64_t wrong_gradients(const std::vector<float>& host, std::int64_t count, int step) {
+  const int ranks = world_size();
+  std::int64_t wrong = 0;
+  for (std::int64_t i = 0; i < count; ++i) {
+    double exact = 0, magnitudes = 0;
+    for (int r = 0; r < ranks; ++r) {
+      exact += step * contribution(DType::f32, r, i);
+      magnitudes += std::fabs(step * contribution(DType::f32, r, i));
+    }
+    if (!(std::fabs(host[static_cast<std::size_t>(i)] - exact) <= (ranks + 2) * 0x1p-24 * magnitudes))
+      ++wrong;
+  }
+  return wrong;
+}
+
+// The statistics of SUMS that are not the world's sum of STEP * (rank + 1) + i (exact: small
+// integers).
+std::int64_t wrong_stats(const std::vector<float>& sums, int step) {
+  const int ranks = world_size();
+  std::int64_t bad = 0;
+  for (std::size_t i = 0; i < sums.size(); ++i)
+    bad += sums[i] != static_cast<float>(step * ranks * (ranks + 1) / 2 +
+                                         ranks * static_cast<std::int64_t>(i));
+  return bad;
+}
+
 // The trainer's path: device gradients in buckets, GradientReducer's queued form (each bucket
 // marked on the compute stream at launch, queued on the comm stream by its thread, the step's
 // end joined, and waited for on the host a step later or by drain()): all launched at wait(),
@@ -155,17 +183,7 @@ void check_gradient_reducer(Harness& harness, const Topology& topology, Allreduc
       reducer.wait();
       if (step == 2) reducer.drain();
       device_memory::copy(host.data(), Device::cpu, grads.raw(), Device::cuda, grads.size_bytes());
-      std::int64_t bad = 0;
-      for (std::int64_t i = 0; i < count; ++i) {
-        double exact = 0, magnitudes = 0;
-        for (int r = 0; r < world_size(); ++r) {
-          exact += step * contribution(DType::f32, r, i);
-          magnitudes += std::fabs(step * contribution(DType::f32, r, i));
-        }
-        if (!(std::fabs(host[static_cast<std::size_t>(i)] - exact) <=
-              (world_size() + 2) * 0x1p-24 * magnitudes))
-          ++bad;
-      }
+      const std::int64_t bad = wrong_gradients(host, count, step);
       const bool ok = all_ranks(bad == 0);
       if (world_rank() == 0)
         harness.expect(ok,
@@ -214,24 +232,11 @@ void check_stats_sums(Harness& harness, const std::string& label, const Topology
     reducer.ready_from(offsets[2]);  // a bucket queued before the statistics
     reducer.sum_stats(stats);
     device_memory::copy(sums.data(), Device::cpu, stats.raw(), Device::cuda, stats.size_bytes());
-    const int ranks = world_size();
-    std::int64_t bad = 0;
-    for (std::int64_t i = 0; i < values; ++i)
-      bad += sums[static_cast<std::size_t>(i)] !=
-             static_cast<float>(step * ranks * (ranks + 1) / 2 + ranks * i);
+    const std::int64_t bad = wrong_stats(sums, step);
     reducer.wait();
     reducer.drain();
     device_memory::copy(host.data(), Device::cpu, grads.raw(), Device::cuda, grads.size_bytes());
-    std::int64_t wrong = 0;
-    for (std::int64_t i = 0; i < count; ++i) {
-      double exact = 0, magnitudes = 0;
-      for (int r = 0; r < ranks; ++r) {
-        exact += step * contribution(DType::f32, r, i);
-        magnitudes += std::fabs(step * contribution(DType::f32, r, i));
-      }
-      if (!(std::fabs(host[static_cast<std::size_t>(i)] - exact) <= (ranks + 2) * 0x1p-24 * magnitudes))
-        ++wrong;
-    }
+    const std::int64_t wrong = wrong_gradients(host, count, step);
     const bool ok = all_ranks(bad == 0), grads_ok = all_ranks(wrong == 0);
     if (world_rank() == 0) {
       const std::string at = label + ", step " + std::to_string(step);
@@ -310,20 +315,7 @@ void check_captured_step(Harness& harness, const std::string& label, const Topol
     const double exposed = reducer.last_exposed_seconds();
     device_memory::copy(host.data(), Device::cpu, grads.raw(), Device::cuda, grads.size_bytes());
     device_memory::copy(sums.data(), Device::cpu, stats.raw(), Device::cuda, stats.size_bytes());
-    const int ranks = world_size();
-    std::int64_t wrong = 0, bad = 0;
-    for (std::int64_t i = 0; i < count; ++i) {
-      double exact = 0, magnitudes = 0;
-      for (int r = 0; r < ranks; ++r) {
-        exact += step * contribution(DType::f32, r, i);
-        magnitudes += std::fabs(step * contribution(DType::f32, r, i));
-      }
-      if (!(std::fabs(host[static_cast<std::size_t>(i)] - exact) <= (ranks + 2) * 0x1p-24 * magnitudes))
-        ++wrong;
-    }
-    for (std::int64_t i = 0; i < values; ++i)
-      bad += sums[static_cast<std::size_t>(i)] !=
-             static_cast<float>(step * ranks * (ranks + 1) / 2 + ranks * i);
+    const std::int64_t wrong = wrong_gradients(host, count, step), bad = wrong_stats(sums, step);
     const bool ok = all_ranks(wrong == 0 && bad == 0), timed = all_ranks(exposed >= 0);
     if (world_rank() == 0) {
       const std::string at = label + ", step " + std::to_string(step) +
