@@ -1268,6 +1268,23 @@ TrainSummary Trainer::run() {
   // join slot's timing events, so there is one per slot and they alternate
   // (GradientReducer::next_join_slot). Elsewhere one graph, and the buckets go at wait().
   const bool graph_buckets = graphs && reducer.captures_buckets() && reducer.num_buckets() > 0;
+  if (graphs) {
+    // NCCL requires each collective to be captured on every rank or on none. Whether the
+    // buckets are captured, and the step a host-decided fault makes eager (below), come from
+    // each rank's own environment (NCCL_GRAPH_MIXING_SUPPORT, MPTRAIN_FAULT): agreed here, so
+    // that a launcher that did not pass them to every rank ends the run before step 1 instead
+    // of hanging in it.
+    const bool host_fault =
+        state_->fault.kind == "nan-grad" || state_->fault.kind.rfind("comm-", 0) == 0;
+    const double fault_step = host_fault ? static_cast<double>(state_->fault.step) : 0.0;
+    const double in_graph = graph_buckets ? 1.0 : 0.0;
+    double agreed[4] = {fault_step, -fault_step, in_graph, -in_graph};  // maxima and minima
+    world.allreduce_max(agreed, 4);
+    MPT_REQUIRE(agreed[0] == -agreed[1] && agreed[2] == -agreed[3],
+                "--cuda.graphs: the ranks disagree on MPTRAIN_FAULT or NCCL_GRAPH_MIXING_SUPPORT, "
+                "which decide which NCCL calls a graph captures",
+                "pass the same environment to every rank (mpirun -x NAME)");
+  }
   kernels::StepGraph forward_backward_graphs[2] = {
       kernels::StepGraph(graph_buckets ? "forward+backward+allreduce (join slot 0)" : "forward+backward"),
       kernels::StepGraph("forward+backward+allreduce (join slot 1)")};

@@ -249,6 +249,22 @@ train np2-cpu 2 "${np2[@]}" --device=cpu && train np2-cuda 2 "${np2[@]}" --devic
         fail "nomix-syncbn: exit $rc, expected a refusal naming NCCL_GRAPH_MIXING_SUPPORT"
         tail -3 "$TMP/nomix-syncbn.log" >&2
       fi
+      # MPTRAIN_FAULT on rank 0 only (a launcher that did not pass it on): the ranks would
+      # disagree on the step they run eagerly, so the run ends before step 1 on both.
+      rc=0
+      timeout 120 "$MPIEXEC" --oversubscribe -n 1 env MPTRAIN_FAULT=nan-grad:1:4 "$MPTRAIN" train \
+        --data.train="$D/train.h5" --output.overwrite --output.dir="$TMP/fault-rank0" \
+        "${np2[@]}" --device=cuda --comm.intra=nccl --cuda.graphs : -n 1 "$MPTRAIN" train \
+        --data.train="$D/train.h5" --output.overwrite --output.dir="$TMP/fault-rank0" \
+        "${np2[@]}" --device=cuda --comm.intra=nccl --cuda.graphs >"$TMP/fault-rank0.log" 2>&1 || rc=$?
+      if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] &&
+         grep -q "the ranks disagree on MPTRAIN_FAULT or NCCL_GRAPH_MIXING_SUPPORT" "$TMP/fault-rank0.log" &&
+         ! grep -q "^step 1" "$TMP/fault-rank0.log"; then
+        pass "fault-rank0: MPTRAIN_FAULT on one rank only is refused before step 1 (exit $rc)"
+      else
+        fail "fault-rank0: exit $rc, expected a refusal naming MPTRAIN_FAULT"
+        tail -3 "$TMP/fault-rank0.log" >&2
+      fi
       # A fault the host decides on (rank 1's NaN gradient at step 4) with the buckets in the
       # graph: every rank runs step 4 eagerly, as NCCL requires a collective to be captured on all
       # ranks or on none (the emulated NCCL ends the job naming both ranks otherwise); the NaN
