@@ -1268,14 +1268,19 @@ TrainSummary Trainer::run() {
   // join slot's timing events, so there is one per slot and they alternate
   // (GradientReducer::next_join_slot). Elsewhere one graph, and the buckets go at wait().
   const bool graph_buckets = graphs && reducer.captures_buckets() && reducer.num_buckets() > 0;
+  // An injected fault that the host decides on in the all-reduce (a NaN gradient, a failure in
+  // it) needs an eager step where the buckets would be in the graph, and on every rank: NCCL
+  // requires a collective to be captured on all ranks or on none. MPTRAIN_FAULT names one rank
+  // but one step for all (agreed below); -1: no such step.
+  const bool host_fault =
+      state_->fault.kind == "nan-grad" || state_->fault.kind.rfind("comm-", 0) == 0;
+  const std::int64_t eager_fault_step = graph_buckets && host_fault ? state_->fault.step : -1;
   if (graphs) {
     // NCCL requires each collective to be captured on every rank or on none. Whether the
     // buckets are captured, and the step a host-decided fault makes eager (below), come from
     // each rank's own environment (NCCL_GRAPH_MIXING_SUPPORT, MPTRAIN_FAULT): agreed here, so
     // that a launcher that did not pass them to every rank ends the run before step 1 instead
     // of hanging in it.
-    const bool host_fault =
-        state_->fault.kind == "nan-grad" || state_->fault.kind.rfind("comm-", 0) == 0;
     const double fault_step = host_fault ? static_cast<double>(state_->fault.step) : 0.0;
     const double in_graph = graph_buckets ? 1.0 : 0.0;
     double agreed[4] = {fault_step, -fault_step, in_graph, -in_graph};  // maxima and minima
@@ -1609,13 +1614,6 @@ TrainSummary Trainer::run() {
       fail_in_comm = fault_now && state_->fault.kind.rfind("comm-", 0) == 0;
       // The replayed step's join slot, when its buckets are in the graph (-1: they go at wait()).
       int replayed_slot = -1;
-      // An injected fault that the host decides on in the all-reduce (a NaN gradient, a failure
-      // in it) needs an eager step where the buckets would be in the graph, and on every rank:
-      // NCCL requires a collective to be captured on all ranks or on none. MPTRAIN_FAULT is the
-      // same on every rank, so each knows the step.
-      const bool eager_fault_step =
-          graph_buckets && state_->fault.step == step + 1 &&
-          (state_->fault.kind == "nan-grad" || state_->fault.kind.rfind("comm-", 0) == 0);
       for (std::int64_t micro = 0; micro < group; ++micro) {
         const bool last_micro = micro + 1 == group;
         const auto wait_start = Clock::now();
@@ -1668,7 +1666,7 @@ TrainSummary Trainer::run() {
         // eagerly. Without graph_buckets, buckets all go at wait(): no hook. Each of these
         // choices is the same on every rank.
         const bool replayed =
-            graphs && graph_warmed && samples.dim(0) == batch && !eager_fault_step;
+            graphs && graph_warmed && samples.dim(0) == batch && step + 1 != eager_fault_step;
         // Without a lag the step's loss so far is read on the host, before and after this
         // micro-batch's (free: host memory), so that the skip line is printed once per step.
         const bool finite_before =

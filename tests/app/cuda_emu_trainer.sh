@@ -140,6 +140,19 @@ PY
   fi
 }
 
+# refused NAME RC PATTERN WHAT: the run logged in $TMP/NAME.log ended (exit RC, not the
+# timeout's) with a line matching PATTERN before its first step.
+refused() {
+  local name=$1 rc=$2 pattern=$3 what=$4
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "$pattern" "$TMP/$name.log" &&
+     ! grep -q "^step 1" "$TMP/$name.log"; then
+    pass "$name: $what (exit $rc)"
+  else
+    fail "$name: exit $rc, expected a refusal matching '$pattern' before step 1"
+    tail -3 "$TMP/$name.log" >&2
+  fi
+}
+
 # fp32 mlp: the eager cuda step, the graph-captured one, and the cpu.
 mlp=(--model.name=mlp --train.max-steps=8 --train.batch-size=32)
 train mlp-cpu 1 "${mlp[@]}" --device=cpu &&
@@ -242,13 +255,8 @@ train np2-cpu 2 "${np2[@]}" --device=cpu && train np2-cuda 2 "${np2[@]}" --devic
         --data.train="$D/train.h5" --output.overwrite --output.dir="$TMP/nomix-syncbn" \
         --model.name=resnet-mini --model.sync-bn=true --train.max-steps=2 --train.batch-size=8 \
         --device=cuda --comm.intra=nccl --cuda.graphs >"$TMP/nomix-syncbn.log" 2>&1 || rc=$?
-      if [ "$rc" -ne 0 ] && grep -q "cannot capture --model.sync-bn's NCCL sums: NCCL_GRAPH_MIXING_SUPPORT=0" \
-           "$TMP/nomix-syncbn.log" && ! grep -q "^step 1" "$TMP/nomix-syncbn.log"; then
-        pass "nomix-syncbn: --cuda.graphs with sync BN refused under NCCL_GRAPH_MIXING_SUPPORT=0 (exit $rc)"
-      else
-        fail "nomix-syncbn: exit $rc, expected a refusal naming NCCL_GRAPH_MIXING_SUPPORT"
-        tail -3 "$TMP/nomix-syncbn.log" >&2
-      fi
+      refused nomix-syncbn "$rc" "cannot capture --model.sync-bn's NCCL sums: NCCL_GRAPH_MIXING_SUPPORT=0" \
+        "--cuda.graphs with sync BN refused under NCCL_GRAPH_MIXING_SUPPORT=0"
       # MPTRAIN_FAULT on rank 0 only (a launcher that did not pass it on): the ranks would
       # disagree on the step they run eagerly, so the run ends before step 1 on both.
       rc=0
@@ -257,14 +265,8 @@ train np2-cpu 2 "${np2[@]}" --device=cpu && train np2-cuda 2 "${np2[@]}" --devic
         "${np2[@]}" --device=cuda --comm.intra=nccl --cuda.graphs : -n 1 "$MPTRAIN" train \
         --data.train="$D/train.h5" --output.overwrite --output.dir="$TMP/fault-rank0" \
         "${np2[@]}" --device=cuda --comm.intra=nccl --cuda.graphs >"$TMP/fault-rank0.log" 2>&1 || rc=$?
-      if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] &&
-         grep -q "the ranks disagree on MPTRAIN_FAULT or NCCL_GRAPH_MIXING_SUPPORT" "$TMP/fault-rank0.log" &&
-         ! grep -q "^step 1" "$TMP/fault-rank0.log"; then
-        pass "fault-rank0: MPTRAIN_FAULT on one rank only is refused before step 1 (exit $rc)"
-      else
-        fail "fault-rank0: exit $rc, expected a refusal naming MPTRAIN_FAULT"
-        tail -3 "$TMP/fault-rank0.log" >&2
-      fi
+      refused fault-rank0 "$rc" "the ranks disagree on MPTRAIN_FAULT or NCCL_GRAPH_MIXING_SUPPORT" \
+        "MPTRAIN_FAULT on one rank only is refused before step 1"
       # A fault the host decides on (rank 1's NaN gradient at step 4) with the buckets in the
       # graph: every rank runs step 4 eagerly, as NCCL requires a collective to be captured on all
       # ranks or on none (the emulated NCCL ends the job naming both ranks otherwise); the NaN
@@ -340,14 +342,8 @@ timeout 120 "$MPIEXEC" -n 2 --oversubscribe "$MPTRAIN" train --data.train="$D/tr
   --data.test="$D/test.h5" --output.overwrite --output.dir="$TMP/syncbn-staged" \
   --model.name=resnet-mini --model.sync-bn=true --train.max-steps=2 --device=cuda --cuda.graphs \
   >"$TMP/syncbn-staged.log" 2>&1 || rc=$?
-if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] &&
-   grep -q "cannot capture --model.sync-bn here: .*bn_stats_path staged" "$TMP/syncbn-staged.log" &&
-   ! grep -q "^step 1" "$TMP/syncbn-staged.log"; then
-  pass "syncbn-staged: --cuda.graphs refused where the statistics go through the host (exit $rc)"
-else
-  fail "syncbn-staged: exit $rc, expected a refusal naming bn_stats_path staged"
-  tail -3 "$TMP/syncbn-staged.log" >&2
-fi
+refused syncbn-staged "$rc" "cannot capture --model.sync-bn here: .*bn_stats_path staged" \
+  "--cuda.graphs refused where the statistics go through the host"
 
 # Stopped by a signal at step 3 and resumed from its checkpoint: the same per-step losses as the
 # uninterrupted run, bit for bit (fp16 AdamW: the device's loss scale, moments and step state go
