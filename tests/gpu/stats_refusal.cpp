@@ -47,6 +47,10 @@ constexpr Case kCases[] = {
     {"finish-in-capture", true},  // a host wait (finish) while capturing
     {"replayed-out-of-turn", true},  // the other join slot's graph launched
     {"capture-no-mixing", true},  // capture_on() under NCCL_GRAPH_MIXING_SUPPORT=0
+    {"replayed-in-capture", true},  // GradientReducer::replayed() while capturing
+    {"replayed-in-step", true},     // ... and between begin() and wait()
+    {"host-stats-in-capture", true},  // sum_stats() of host statistics while capturing
+    {"allreduce-in-capture", true},   // the blocking Allreducer::allreduce while capturing
 };
 
 int skip(int rank, const std::string& why) {
@@ -108,11 +112,26 @@ int run(const Case& c, int rank) {
     GradientReducer reducer(machine, host, grads, offsets, 1 << 12, 1 << 12);
     return on_rank0(rank, c.name, [&] { reducer.plan_stats(Device::cuda, -1); });
   }
-  if (name == "capture-in-step") {
+  if (name == "capture-in-step" || name == "replayed-in-capture" || name == "replayed-in-step" ||
+      name == "host-stats-in-capture") {
     GradientReducer reducer(machine, nccl, grads, offsets, 1 << 12, 1 << 12);
     reducer.plan_stats(Device::cuda, 8);
-    reducer.begin();
-    return on_rank0(rank, c.name, [&] { reducer.capture_on(any_stream); });
+    if (name == "capture-in-step" || name == "replayed-in-step") reducer.begin();
+    if (name == "capture-in-step")
+      return on_rank0(rank, c.name, [&] { reducer.capture_on(any_stream); });
+    if (name == "replayed-in-step")
+      return on_rank0(rank, c.name, [&] { reducer.replayed(reducer.next_join_slot()); });
+    reducer.capture_on(any_stream);
+    if (name == "replayed-in-capture")
+      return on_rank0(rank, c.name, [&] { reducer.replayed(reducer.next_join_slot()); });
+    Tensor host_stats({8}, DType::f32, Device::cpu);
+    return on_rank0(rank, c.name, [&] { reducer.sum_stats(host_stats); });
+  }
+  if (name == "allreduce-in-capture") {
+    Allreducer allreducer(machine, nccl);
+    allreducer.capture_on(any_stream);
+    return on_rank0(rank, c.name,
+                    [&] { allreducer.allreduce(grads.raw(), grads.numel(), DType::f32); });
   }
   if (name == "capture-staged-buckets" || name == "finish-in-capture") {
     // One node, through the host anyway (the tests' stand-in for nodes of one rank), so the
