@@ -862,6 +862,8 @@ constexpr ErrorText kErrors[] = {
      "operation failed due to a previous error during capture"},
     {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit",
      "operation would make the legacy stream depend on a capturing blocking stream"},
+    {cudaErrorStreamCaptureIsolation, "cudaErrorStreamCaptureIsolation",
+     "dependency created on uncaptured work in another stream"},
     {cudaErrorStreamCaptureUnjoined, "cudaErrorStreamCaptureUnjoined",
      "capture sequence contains a fork that was not joined to the primary stream"},
     {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation is not permitted now"},
@@ -1163,11 +1165,14 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 // graph replays in capture order, so the clocks only check that every member is joined back.
 // A member's wait for an event from outside the capture is not recorded: the graph replays on
 // its stream, after what was queued there before its launch.
-cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
   {
     Capture& c = capture();
     const std::lock_guard<std::mutex> lock(c.mutex);
+    if (flags != cudaEventWaitDefault)
+      emulator_limit("cudaStreamWaitEvent: only cudaEventWaitDefault (mptrain never waits on an "
+                     "external event node)");
     if (c.active && event->capture == c.generation) {
       if (is_legacy(stream))
         emulator_limit("cudaStreamWaitEvent: the legacy stream waiting inside a capture");
@@ -1179,7 +1184,12 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
       count_operation(c, stream);
       return cudaSuccess;
     }
-    if (is_member(c, stream)) return cudaSuccess;
+    if (is_member(c, stream)) {
+      // A dependency from outside the capture: CUDA allows it only as an external wait node
+      // (cudaEventWaitExternal), and otherwise refuses it and invalidates the capture.
+      c.invalidated = cudaErrorStreamCaptureIsolation;
+      return fail(cudaErrorStreamCaptureIsolation);
+    }
   }
   const std::lock_guard<std::recursive_mutex> lock(queue_mutex);
   if (!event->point.queue) return cudaSuccess;

@@ -370,8 +370,9 @@ int check_wait_log(const std::string& prefix) {
 
 // A capture that forks: a second stream that waits for an event recorded in the capture joins
 // it, its work replays in its place (after the fork, before the join), and an external record
-// is a node that each launch records; a fork never joined back fails the capture; a host wait
-// for an event recorded in the capture is refused. VALUES holds N >= 64 ints of device memory.
+// is a node that each launch records; a fork never joined back fails the capture; a captured
+// stream's wait for an event recorded outside the capture, and a host wait for an event
+// recorded in it, are refused. VALUES holds N >= 64 ints of device memory.
 void check_forked_capture(int* values, int n) {
   cudaStream_t origin = nullptr, side = nullptr;
   cudaStreamCreate(&origin);
@@ -435,6 +436,14 @@ void check_forked_capture(int* values, int n) {
   cudaStreamWaitEvent(origin, end, 0);
   expect(cudaStreamEndCapture(origin, &graph) == cudaErrorStreamCaptureUnjoined,
          "a wait for an external record joins nothing: cudaErrorStreamCaptureUnjoined");
+  cudaGetLastError();
+
+  cudaEventRecord(fork, side);  // outside any capture
+  cudaStreamBeginCapture(origin, cudaStreamCaptureModeThreadLocal);
+  expect(cudaStreamWaitEvent(origin, fork, 0) == cudaErrorStreamCaptureIsolation,
+         "a captured stream's wait for uncaptured work is refused");
+  expect(cudaStreamEndCapture(origin, &graph) == cudaErrorStreamCaptureInvalidated,
+         "and invalidates the capture");
   cudaGetLastError();
 
   cudaStreamBeginCapture(origin, cudaStreamCaptureModeThreadLocal);
