@@ -1,6 +1,7 @@
 // Option tables and parsing for every subcommand (see cli.hpp).
 #include "app/cli.hpp"
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <filesystem>
@@ -233,6 +234,19 @@ bool parse(const std::string& command, const std::vector<std::string>& args,
     const std::string token = e.get_option_name();
     throw_user_error("unknown option '" + token.substr(0, token.find('=')) + "' for `mptrain " + command + "`",
                      help_hint(command));
+  } catch (const po::ambiguous_option& e) {
+    // `--model=cnn` names a section, not an option: point at the section's `name` key.
+    const std::string token = e.get_option_name();
+    const std::size_t start = token.find_first_not_of('-'), equals = token.find('=');
+    const std::string section = token.substr(start, equals - start);
+    const std::string value = equals == std::string::npos ? "VALUE" : token.substr(equals + 1);
+    const auto& alternatives = e.alternatives();
+    const bool named = std::find(alternatives.begin(), alternatives.end(), section + ".name") !=
+                       alternatives.end();
+    throw_user_error(std::string(e.what()) + " (mptrain " + command + ")",
+                     named ? "did you mean --" + section + ".name=" + value + "? " +
+                                 help_hint(command)
+                           : help_hint(command));
   } catch (const po::too_many_positional_options_error&) {
     throw_user_error("unexpected argument for `mptrain " + command + "`: options take the form --section.key=value",
                      help_hint(command));

@@ -83,6 +83,18 @@ TEST(Cli, UnknownCommandLineOptionIsNamed) {
   EXPECT_NE(line.find("rank 0 on "), std::string::npos) << line;
 }
 
+TEST(Cli, SectionGivenAsAnOptionPointsAtItsName) {
+  // `--model=cnn` matches every --model.* option; the hint names the one meant.
+  auto line = user_error_of([] { parse_train_command("train", {"--model=cnn"}); });
+  EXPECT_NE(line.find("'--model=cnn' is ambiguous"), std::string::npos) << line;
+  EXPECT_NE(line.find("hint: did you mean --model.name=cnn?"), std::string::npos) << line;
+  // A section without a name key gets the plain hint.
+  line = user_error_of([] { parse_train_command("train", {"--data=x"}); });
+  EXPECT_NE(line.find("'--data=x' is ambiguous"), std::string::npos) << line;
+  EXPECT_EQ(line.find("did you mean"), std::string::npos) << line;
+  EXPECT_NE(line.find("--help` lists every option"), std::string::npos) << line;
+}
+
 TEST(Cli, UnknownIniOptionNamesKeyAndFile) {
   const auto ini = write_ini("b.ini", "[train]\nepocs = 3\n");
   const auto line = user_error_of([&] { parse_train_command("train", {"--config=" + ini}); });
