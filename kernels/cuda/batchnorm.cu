@@ -1,6 +1,8 @@
-// CUDA batch normalisation kernels (see kernels/batchnorm.hpp). The per-channel sums run one
-// thread block per channel: double sums per thread, then a fixed shared-memory tree, so the
-// result does not depend on scheduling (no atomics). The elementwise passes are one thread per
+// CUDA batch normalisation kernels (see kernels/batchnorm.hpp). The per-channel sums split each
+// channel into slices, a thread block each (sum_slices: a function of the shape alone): double
+// sums per thread, a fixed shared-memory tree per block, then the slices added in order by one
+// thread per channel, so the result depends on neither scheduling nor the GPU (no atomics).
+// With one slice the block writes the sums itself. The elementwise passes are one thread per
 // element with explicit roundings, so they are the host's f32 arithmetic bit for bit; so are
 // the per-channel coefficients (one thread per channel, double intrinsics: no FMA contraction).
 #include <algorithm>
@@ -80,28 +82,96 @@ __device__ inline void block_sum_pair(double* first, double* second) {
   }
 }
 
+// The slices of a channel's N*S elements: enough blocks to fill a GPU where the channels are
+// few (resnet-mini's 16-64 would otherwise keep at most 64 SMs busy), each of at least
+// kSliceElements elements, channels * slices pairs of partial sums at most (the scratch).
+constexpr std::int64_t kSliceElements = 4096;
+constexpr std::int64_t kMaxSlices = 64;
+constexpr std::int64_t kMaxSlicePairs = 4096;
+
+int sum_slices(std::int64_t channels, std::int64_t count) {
+  if (channels > kMaxSlicePairs) return 1;
+  const std::int64_t slices =
+      std::min({count / kSliceElements, kMaxSlices, kMaxSlicePairs / channels});
+  return static_cast<int>(std::max<std::int64_t>(slices, 1));
+}
+
+// Two doubles per (channel, slice), from the arena on first use (the first eager step, before
+// any graph capture) and never replaced; its users run on stream(), each writing its pairs
+// before the finishing kernel reads them.
+double* slice_scratch() {
+  static double* const scratch = static_cast<double*>(
+      device_memory::allocate_cuda(static_cast<std::size_t>(kMaxSlicePairs) * 2 * sizeof(double)));
+  return scratch;
+}
+
+// Calls F(index) for channel C's elements [BEGIN, END) of its N*S (sample-major), this thread
+// taking every kThreads-th from BEGIN + threadIdx.x. The sample and position step on without a
+// division per element: kThreads = step_n * PLANE + step_at, so one carry at most per step.
+template <class F>
+__device__ inline void for_channel_slice(std::int64_t c, std::int64_t channels,
+                                         std::int64_t plane, std::int64_t begin,
+                                         std::int64_t end, F f) {
+  std::int64_t e = begin + threadIdx.x;
+  if (e >= end) return;
+  std::int64_t n = e / plane, at = e - n * plane;
+  const std::int64_t step_n = kThreads / plane, step_at = kThreads - step_n * plane;
+  for (; e < end; e += kThreads) {
+    f((n * channels + c) * plane + at);
+    n += step_n;
+    at += step_at;
+    if (at >= plane) {
+      at -= plane;
+      ++n;
+    }
+  }
+}
+
+// Block (c, slice)'s elements of channel c: slice blockIdx.y of SLICES equal parts.
+struct SliceRange {
+  std::int64_t begin, end;
+};
+__device__ inline SliceRange slice_range(std::int64_t count, int slices) {
+  const std::int64_t per_slice = (count + slices - 1) / slices;
+  const std::int64_t begin = per_slice * blockIdx.y;
+  return {begin, begin + per_slice < count ? begin + per_slice : count};
+}
+
+// Thread 0's block totals FIRST and SECOND of channel C: with one slice the sums themselves
+// (SECOND times SCALE[c] in double where SCALE is given, rounded once), else the slice's pair.
+__device__ inline void write_slice(double first, double second, std::int64_t c,
+                                   std::int64_t channels, int slices, const float* scale,
+                                   double* partials, float* sums) {
+  if (slices == 1) {
+    sums[c] = static_cast<float>(first);
+    sums[channels + c] = static_cast<float>(scale ? second * scale[c] : second);
+    return;
+  }
+  double* pair = partials + 2 * (c * slices + blockIdx.y);
+  pair[0] = first;
+  pair[1] = second;
+}
+
 // SUMS[c] = sum of x, SUMS[C + c] = sum of x^2 over channel c's N planes of PLANE elements, and
 // SUMS[2C] = N. Each square is taken in double: exact for f32 inputs, so only the additions round.
 __global__ void sums_kernel(Storage x, std::int64_t channels, std::int64_t batch,
-                            std::int64_t plane, float* sums) {
+                            std::int64_t plane, int slices, double* partials, float* sums) {
   __shared__ double sum[kThreads], squares[kThreads];
-  const std::int64_t count = batch * plane;
-  if (blockIdx.x == 0 && threadIdx.x == 0) sums[2 * channels] = static_cast<float>(batch);
+  const SliceRange range = slice_range(batch * plane, slices);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
+    sums[2 * channels] = static_cast<float>(batch);
   for (std::int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
     double s = 0, q = 0;
-    for (std::int64_t e = threadIdx.x; e < count; e += kThreads) {
-      const std::int64_t n = e / plane, at = e - n * plane;
-      const double v = load(x, (n * channels + c) * plane + at);
+    for_channel_slice(c, channels, plane, range.begin, range.end, [&](std::int64_t i) {
+      const double v = load(x, i);
       s += v;
       q += v * v;
-    }
+    });
     sum[threadIdx.x] = s;
     squares[threadIdx.x] = q;
     block_sum_pair(sum, squares);
-    if (threadIdx.x == 0) {
-      sums[c] = static_cast<float>(sum[0]);
-      sums[channels + c] = static_cast<float>(squares[0]);
-    }
+    if (threadIdx.x == 0)
+      write_slice(sum[0], squares[0], c, channels, slices, nullptr, partials, sums);
     __syncthreads();  // sum[0] is read before the next channel overwrites it
   }
 }
@@ -110,32 +180,61 @@ __global__ void sums_kernel(Storage x, std::int64_t channels, std::int64_t batch
 // (the host takes it in f32, then sums in double), the sum times invstd in double, rounded once.
 __global__ void backward_sums_kernel(Storage x, Storage dy, std::int64_t channels,
                                      std::int64_t batch, std::int64_t plane, const float* mean,
-                                     const float* invstd, float* sums) {
+                                     const float* invstd, int slices, double* partials,
+                                     float* sums) {
   __shared__ double sum[kThreads], centred[kThreads];
-  const std::int64_t count = batch * plane;
+  const SliceRange range = slice_range(batch * plane, slices);
   for (std::int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
     const double centre = mean[c];
     double s = 0, t = 0;
-    for (std::int64_t e = threadIdx.x; e < count; e += kThreads) {
-      const std::int64_t n = e / plane, at = e - n * plane;
-      const std::int64_t i = (n * channels + c) * plane + at;
+    for_channel_slice(c, channels, plane, range.begin, range.end, [&](std::int64_t i) {
       const double g = load(dy, i);
       s += g;
       t += g * (load(x, i) - centre);
-    }
+    });
     sum[threadIdx.x] = s;
     centred[threadIdx.x] = t;
     block_sum_pair(sum, centred);
-    if (threadIdx.x == 0) {
-      sums[c] = static_cast<float>(sum[0]);
-      sums[channels + c] = static_cast<float>(centred[0] * invstd[c]);
-    }
+    if (threadIdx.x == 0)
+      write_slice(sum[0], centred[0], c, channels, slices, invstd, partials, sums);
     __syncthreads();
   }
 }
 
-unsigned channel_blocks(std::int64_t channels) {
-  return static_cast<unsigned>(std::min(channels, kMaxChannelBlocks));
+// One thread per channel adds its SLICES pairs in slice order, as write_slice's one slice.
+__global__ void finish_slices_kernel(const double* partials, std::int64_t channels, int slices,
+                                     const float* scale, float* sums) {
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= channels) return;
+  double first = 0, second = 0;
+  for (int k = 0; k < slices; ++k) {
+    first += partials[2 * (c * slices + k)];
+    second += partials[2 * (c * slices + k) + 1];
+  }
+  sums[c] = static_cast<float>(first);
+  sums[channels + c] = static_cast<float>(scale ? second * scale[c] : second);
+}
+
+// The sums' grid: a block per (channel, slice), channels beyond the grid limit by striding
+// (those have one slice); then the slices' finishing pass where there are several.
+struct SumsLaunch {
+  dim3 grid;
+  int slices;
+  double* partials;
+};
+SumsLaunch sums_launch(std::int64_t channels, std::int64_t count) {
+  const int slices = sum_slices(channels, count);
+  const auto channel_blocks = static_cast<unsigned>(std::min(channels, kMaxChannelBlocks));
+  return {dim3(channel_blocks, static_cast<unsigned>(slices)), slices,
+          slice_scratch()};  // taken on the first call, whatever the slicing
+}
+void finish_slices(const char* op, const SumsLaunch& launch, std::int64_t channels,
+                   const float* scale, float* sums) {
+  if (launch.slices == 1) return;
+  const auto blocks = static_cast<unsigned>((channels + kThreads - 1) / kThreads);
+  finish_slices_kernel<<<blocks, kThreads, 0, stream()>>>(launch.partials, channels,
+                                                          launch.slices, scale, sums);
+  check_launch(op);
 }
 
 // std::max(0.0, x) as the host evaluates it: 0 unless 0 < x, so a NaN gives 0 too.
@@ -148,9 +247,12 @@ void batchnorm_sums(const Tensor& x, std::int64_t channels, Tensor& sums) {
   check_batch(op, "x must be [N, C, ...] f32, f16 or bf16 on the cuda device", x, channels);
   check_sums(op, sums, channels, /*with_count=*/true);
   const Layout l = layout(x, channels);
-  sums_kernel<<<channel_blocks(channels), kThreads, 0, stream()>>>(storage(x), channels, l.batch,
-                                                                   l.plane, sums.data<float>());
+  const SumsLaunch launch = sums_launch(channels, l.batch * l.plane);
+  sums_kernel<<<launch.grid, kThreads, 0, stream()>>>(storage(x), channels, l.batch, l.plane,
+                                                      launch.slices, launch.partials,
+                                                      sums.data<float>());
   check_launch(op);
+  finish_slices(op, launch, channels, nullptr, sums.data<float>());
 }
 
 void batchnorm_apply(const Tensor& x, std::int64_t channels, const Tensor& scale,
@@ -183,10 +285,12 @@ void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, std::int64_t cha
   check_channels(op, "invstd must be f32 [C] on the cuda device", invstd, channels);
   check_sums(op, sums, channels, /*with_count=*/false);
   const Layout l = layout(x, channels);
-  backward_sums_kernel<<<channel_blocks(channels), kThreads, 0, stream()>>>(
+  const SumsLaunch launch = sums_launch(channels, l.batch * l.plane);
+  backward_sums_kernel<<<launch.grid, kThreads, 0, stream()>>>(
       storage(x), storage(dy), channels, l.batch, l.plane, mean.data<float>(), invstd.data<float>(),
-      sums.data<float>());
+      launch.slices, launch.partials, sums.data<float>());
   check_launch(op);
+  finish_slices(op, launch, channels, invstd.data<float>(), sums.data<float>());
 }
 
 void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, std::int64_t channels,

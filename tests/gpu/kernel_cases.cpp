@@ -1457,6 +1457,8 @@ void case_batchnorm(Harness& h, Random& rng) {
   }
   // BatchNorm1d ([N, C]: 1x1 planes) and 2d planes, one to eight samples, one to 16 channels,
   // the storage dtypes in a Latin square over (samples, channels, plane), the outputs in another.
+  // The 64x64 planes give the device sums 3 or 8 slices a channel (4,096 elements and more per
+  // slice; the 28x28 ones stay whole), 12,288 / 3 and 32,768 / 8 elements each.
   // Values near 100 with a spread of 1: E[x^2] - mean^2 cancels about four digits, the case the
   // layer's variance formula must survive. The coefficients are made as nn::BatchNorm makes
   // them, with batch statistics (training) and with running ones (inference). Then the kernels
@@ -1464,10 +1466,10 @@ void case_batchnorm(Harness& h, Random& rng) {
   constexpr double kEpsilon = 1e-5;  // nn::BatchNorm's
   constexpr float kOffset = 100.f;
   const std::int64_t batches[] = {1, 3, 8}, channel_counts[] = {1, 5, 16};
-  const std::pair<std::int64_t, std::int64_t> planes[] = {{1, 1}, {7, 5}, {28, 28}};
+  const std::pair<std::int64_t, std::int64_t> planes[] = {{1, 1}, {7, 5}, {28, 28}, {64, 64}};
   for (int bi = 0; bi < 3; ++bi)
     for (int ci = 0; ci < 3; ++ci)
-      for (int pi = 0; pi < 3; ++pi) {
+      for (int pi = 0; pi < 4; ++pi) {
         const std::int64_t batch = batches[bi], channels = channel_counts[ci];
         const auto [height, width] = planes[pi];
         const std::int64_t plane = height * width, count = batch * plane;
