@@ -237,7 +237,8 @@ bool parse(const std::string& command, const std::vector<std::string>& args,
   } catch (const po::ambiguous_option& e) {
     // `--model=cnn` names a section, not an option: point at the section's `name` key.
     const std::string token = e.get_option_name();
-    const std::size_t start = token.find_first_not_of('-'), equals = token.find('=');
+    const std::size_t start = std::min(token.find_first_not_of('-'), token.size());
+    const std::size_t equals = token.find('=');
     const std::string section = token.substr(start, equals - start);
     const std::string value = equals == std::string::npos ? "VALUE" : token.substr(equals + 1);
     const auto& alternatives = e.alternatives();
