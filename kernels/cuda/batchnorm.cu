@@ -137,16 +137,20 @@ __device__ inline SliceRange slice_range(std::int64_t count, int slices) {
   return {begin, begin + per_slice < count ? begin + per_slice : count};
 }
 
+// Channel C's totals FIRST and SECOND into SUMS[c] and SUMS[C + c], SECOND times SCALE[c] in
+// double where SCALE is given (the backward sums' invstd), each rounded to f32 once.
+__device__ inline void store_sums(double first, double second, std::int64_t c,
+                                  std::int64_t channels, const float* scale, float* sums) {
+  sums[c] = static_cast<float>(first);
+  sums[channels + c] = static_cast<float>(scale ? second * scale[c] : second);
+}
+
 // Thread 0's block totals FIRST and SECOND of channel C: with one slice the sums themselves
-// (SECOND times SCALE[c] in double where SCALE is given, rounded once), else the slice's pair.
+// (store_sums), else the slice's pair for finish_slices_kernel.
 __device__ inline void write_slice(double first, double second, std::int64_t c,
                                    std::int64_t channels, int slices, const float* scale,
                                    double* partials, float* sums) {
-  if (slices == 1) {
-    sums[c] = static_cast<float>(first);
-    sums[channels + c] = static_cast<float>(scale ? second * scale[c] : second);
-    return;
-  }
+  if (slices == 1) return store_sums(first, second, c, channels, scale, sums);
   double* pair = partials + 2 * (c * slices + blockIdx.y);
   pair[0] = first;
   pair[1] = second;
@@ -201,7 +205,7 @@ __global__ void backward_sums_kernel(Storage x, Storage dy, std::int64_t channel
   }
 }
 
-// One thread per channel adds its SLICES pairs in slice order, as write_slice's one slice.
+// One thread per channel adds its SLICES pairs in slice order, then stores as one slice would.
 __global__ void finish_slices_kernel(const double* partials, std::int64_t channels, int slices,
                                      const float* scale, float* sums) {
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -211,8 +215,7 @@ __global__ void finish_slices_kernel(const double* partials, std::int64_t channe
     first += partials[2 * (c * slices + k)];
     second += partials[2 * (c * slices + k) + 1];
   }
-  sums[c] = static_cast<float>(first);
-  sums[channels + c] = static_cast<float>(scale ? second * scale[c] : second);
+  store_sums(first, second, c, channels, scale, sums);
 }
 
 // The sums' grid: a block per (channel, slice), channels beyond the grid limit by striding

@@ -1163,8 +1163,8 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 // only); an event never recorded is complete. An event recorded inside the capture in progress
 // makes STREAM a member from now on (CUDA's fork), or orders a member after it (a join); the
 // graph replays in capture order, so the clocks only check that every member is joined back.
-// A member's wait for an event from outside the capture is not recorded: the graph replays on
-// its stream, after what was queued there before its launch.
+// A member's wait for an event from outside the capture is refused and invalidates the capture
+// (cudaErrorStreamCaptureIsolation), as in CUDA without cudaEventWaitExternal.
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
   {
