@@ -270,12 +270,11 @@ void batchnorm_apply(const Tensor& x, std::int64_t channels, const Tensor& scale
   const Storage in = storage(x), out = storage(y);  // may alias: each thread reads, then writes
   const float* a = scale.data<float>();
   const float* b = shift.data<float>();
-  const std::int64_t plane = l.plane;
   // x * k + d rounded twice, as the host (nvcc would contract it into one FMA).
-  launch_elementwise(op, l.planes * plane, [=] __device__(std::int64_t i) {
-    const std::int64_t c = i / plane % channels;
-    store(out, i, __fadd_rn(__fmul_rn(load(in, i), a[c]), b[c]));
-  });
+  launch_channel_elementwise(op, l.planes * l.plane, l.plane, channels,
+                             [=] __device__(std::int64_t i, std::int64_t c) {
+                               store(out, i, __fadd_rn(__fmul_rn(load(in, i), a[c]), b[c]));
+                             });
 }
 
 void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, std::int64_t channels,
@@ -313,15 +312,14 @@ void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, std::int64_t chann
   const float* k1 = dy_coef.data<float>();
   const float* k2 = x_coef.data<float>();
   const float* k3 = bias.data<float>();
-  const std::int64_t plane = l.plane;
   // (k1 * dy + k2 * (x - mean)) + k3, every operation rounded as on the host (no FMA).
-  launch_elementwise(op, l.planes * plane, [=] __device__(std::int64_t i) {
-    const std::int64_t c = i / plane % channels;
-    const float g = load(grad_out, i), v = load(in, i);
-    const float value =
-        __fadd_rn(__fadd_rn(__fmul_rn(k1[c], g), __fmul_rn(k2[c], __fsub_rn(v, m[c]))), k3[c]);
-    store(grad_in, i, value);
-  });
+  launch_channel_elementwise(
+      op, l.planes * l.plane, l.plane, channels, [=] __device__(std::int64_t i, std::int64_t c) {
+        const float g = load(grad_out, i), v = load(in, i);
+        const float value =
+            __fadd_rn(__fadd_rn(__fmul_rn(k1[c], g), __fmul_rn(k2[c], __fsub_rn(v, m[c]))), k3[c]);
+        store(grad_in, i, value);
+      });
 }
 
 void batchnorm_forward_coefs(const Tensor& sums, double plane, bool training, const Tensor& gamma,

@@ -24,8 +24,8 @@ void bias_add_forward(Tensor& y, const Tensor& bias) {
   const std::int64_t features = y.dim(1);
   float* out = y.data<float>();
   const float* b = bias.data<float>();
-  launch_elementwise(op, y.numel(),
-                     [=] __device__(std::int64_t i) { out[i] += b[i % features]; });
+  launch_channel_elementwise(op, y.numel(), 1, features,
+                             [=] __device__(std::int64_t i, std::int64_t c) { out[i] += b[c]; });
 }
 
 // The column sum runs in two passes. One thread per column walking all rows (the first

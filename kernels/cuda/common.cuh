@@ -208,4 +208,48 @@ void launch_elementwise(const char* op, std::int64_t n, Body body) {
   check_launch(op);
 }
 
+// BODY(i, c) for i in [0, N) of a [.., CHANNELS, PLANE] tensor, c = i / PLANE % CHANNELS: the
+// per-channel elementwise passes (bias add, BatchNorm apply and dx, the cuDNN path's bias and
+// ReLU). A thread divides once, for its first element; then its position in the plane and its
+// channel step on with the grid's stride, STEP_AT = stride % PLANE and STEP_C = stride / PLANE
+// % CHANNELS, each with one carry at most (AT < PLANE and C < CHANNELS before the step). Two
+// 64-bit divisions per element (a called subroutine on the GPU, tens of instructions) would
+// leave a 16-bit pass bound by arithmetic rather than by memory.
+template <class Body>
+__global__ void channel_elementwise_kernel(std::int64_t n, std::int64_t plane,
+                                           std::int64_t channels, std::int64_t step_at,
+                                           std::int64_t step_c, Body body) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const std::int64_t p = i / plane;
+  std::int64_t at = i - p * plane, c = p % channels;
+  for (;;) {
+    body(i, c);
+    i += stride;
+    if (i >= n) return;
+    at += step_at;
+    c += step_c;
+    if (at >= plane) {
+      at -= plane;
+      ++c;
+    }
+    if (c >= channels) c -= channels;
+  }
+}
+
+// Runs BODY(i, c) for i in [0, N), c = i / PLANE % CHANNELS, as launch_elementwise runs BODY(i).
+// N is a multiple of PLANE * CHANNELS (the callers derive all three from one shape), so with
+// N > 0 both are positive.
+template <class Body>
+void launch_channel_elementwise(const char* op, std::int64_t n, std::int64_t plane,
+                                std::int64_t channels, Body body) {
+  if (n <= 0) return;
+  const int blocks = blocks_for(n);
+  const std::int64_t stride = std::int64_t{blocks} * kThreads;
+  channel_elementwise_kernel<<<blocks, kThreads, 0, stream()>>>(n, plane, channels, stride % plane,
+                                                                stride / plane % channels, body);
+  check_launch(op);
+}
+
 }  // namespace mpt::kernels::cuda

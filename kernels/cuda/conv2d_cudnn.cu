@@ -452,16 +452,18 @@ void CudnnConv2d::forward(const Tensor& x, const Tensor& weight, const Tensor& b
   const bool relu = s.relu, f16 = s.dtype == DType::f16;
   if (s.dtype == DType::f32) {
     float* out_data = y.data<float>();
-    launch_elementwise(op, n * out, [=] __device__(std::int64_t i) {
-      const float v = out_data[i] + b[(i / positions) % channels];
-      out_data[i] = relu && v < 0.f ? 0.f : v;
-    });
+    launch_channel_elementwise(op, n * out, positions, channels,
+                               [=] __device__(std::int64_t i, std::int64_t c) {
+                                 const float v = out_data[i] + b[c];
+                                 out_data[i] = relu && v < 0.f ? 0.f : v;
+                               });
   } else {
     auto* out_data = static_cast<std::uint16_t*>(y.raw());
-    launch_elementwise(op, n * out, [=] __device__(std::int64_t i) {
-      const float v = widen16(out_data[i], f16) + b[(i / positions) % channels];
-      out_data[i] = round16(relu && v < 0.f ? 0.f : v, f16);
-    });
+    launch_channel_elementwise(op, n * out, positions, channels,
+                               [=] __device__(std::int64_t i, std::int64_t c) {
+                                 const float v = widen16(out_data[i], f16) + b[c];
+                                 out_data[i] = round16(relu && v < 0.f ? 0.f : v, f16);
+                               });
   }
 }
 
