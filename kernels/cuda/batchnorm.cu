@@ -105,28 +105,6 @@ double* slice_scratch() {
   return scratch;
 }
 
-// Calls F(index) for channel C's elements [BEGIN, END) of its N*S (sample-major), this thread
-// taking every kThreads-th from BEGIN + threadIdx.x. The sample and position step on without a
-// division per element: kThreads = step_n * PLANE + step_at, so one carry at most per step.
-template <class F>
-__device__ inline void for_channel_slice(std::int64_t c, std::int64_t channels,
-                                         std::int64_t plane, std::int64_t begin,
-                                         std::int64_t end, F f) {
-  std::int64_t e = begin + threadIdx.x;
-  if (e >= end) return;
-  std::int64_t n = e / plane, at = e - n * plane;
-  const std::int64_t step_n = kThreads / plane, step_at = kThreads - step_n * plane;
-  for (; e < end; e += kThreads) {
-    f((n * channels + c) * plane + at);
-    n += step_n;
-    at += step_at;
-    if (at >= plane) {
-      at -= plane;
-      ++n;
-    }
-  }
-}
-
 // Block (c, slice)'s elements of channel c: slice blockIdx.y of SLICES equal parts.
 struct SliceRange {
   std::int64_t begin, end;

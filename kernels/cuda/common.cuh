@@ -208,6 +208,30 @@ void launch_elementwise(const char* op, std::int64_t n, Body body) {
   check_launch(op);
 }
 
+// Calls F(index) for channel C's elements [BEGIN, END) of its N*PLANE (sample-major) in an
+// [N, CHANNELS, PLANE] tensor, this thread (of a block of kThreads) taking every kThreads-th
+// from BEGIN + threadIdx.x: the per-channel sums of BatchNorm and of the cuDNN path's bias
+// gradient. The sample and position step on without a division per element: kThreads =
+// step_n * PLANE + step_at, so one carry at most per step.
+template <class F>
+__device__ inline void for_channel_slice(std::int64_t c, std::int64_t channels,
+                                         std::int64_t plane, std::int64_t begin,
+                                         std::int64_t end, F f) {
+  std::int64_t e = begin + threadIdx.x;
+  if (e >= end) return;
+  std::int64_t n = e / plane, at = e - n * plane;
+  const std::int64_t step_n = kThreads / plane, step_at = kThreads - step_n * plane;
+  for (; e < end; e += kThreads) {
+    f((n * channels + c) * plane + at);
+    n += step_n;
+    at += step_at;
+    if (at >= plane) {
+      at -= plane;
+      ++n;
+    }
+  }
+}
+
 // BODY(i, c) for i in [0, N) of a [.., CHANNELS, PLANE] tensor, c = i / PLANE % CHANNELS: the
 // per-channel elementwise passes (bias add, BatchNorm apply and dx, the cuDNN path's bias and
 // ReLU). A thread divides once, for its first element; then its position in the plane and its

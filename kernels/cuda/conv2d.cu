@@ -236,8 +236,8 @@ void channel_bias_forward(Tensor& y, const Tensor& bias) {
   float* out = y.data<float>();
   const float* b = bias.data<float>();
   const std::int64_t positions = y.dim(1);
-  launch_elementwise(op, y.numel(),
-                     [=] __device__(std::int64_t index) { out[index] += b[index / positions]; });
+  launch_channel_elementwise(op, y.numel(), positions, bias.numel(),
+                             [=] __device__(std::int64_t i, std::int64_t c) { out[i] += b[c]; });
 }
 
 void channel_bias_backward(const Tensor& dy, Tensor& bias_grad, bool accumulate) {

@@ -170,10 +170,8 @@ __global__ void channel_sum_partials(Load load, std::int64_t channels, std::int6
   const std::int64_t begin = per_slice * blockIdx.y;
   const std::int64_t end = begin + per_slice < total ? begin + per_slice : total;
   float sum = 0.f;
-  for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const std::int64_t sample = i / positions;
-    sum += load((sample * channels + channel) * positions + (i - sample * positions));
-  }
+  for_channel_slice(channel, channels, positions, begin, end,
+                    [&](std::int64_t i) { sum += load(i); });
   __shared__ float lanes[kThreads];
   lanes[threadIdx.x] = sum;
   __syncthreads();
