@@ -180,6 +180,9 @@ PY
 # The summary table (written by every stage and at the end, from the logs so far).
 # The GPU-bound batch of the last stages, and the mlp that casts its input to 16 bits first.
 big_batch=8192
+# What ncu collects per kernel (perf/gpu/ncu_summary.py reads all three).
+ncu_metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
+ncu_metrics+=,sm__throughput.avg.pct_of_peak_sustained_elapsed
 mlp16_spec=flatten,dense:1024,relu,dense:1024,relu,dense:10
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
 # ratio A B: A / B to two decimals, or n/a when either is missing or not positive.
@@ -802,24 +805,31 @@ else
 
   # Where the GPU-bound step's time goes, kernel by kernel: one timed nn::Model step of the mlp
   # at batch 8192 under Nsight Compute (gpu_bench's timed loop is the profiler range), in fp16 and
-  # fp32, and with the input cast first in fp16, totalled per kernel by perf/gpu/ncu_summary.py.
-  # The 16-bit nn::Model was slower than the fp32 one here on 2026-11-29; these tables say where.
-  # Skipped where ncu is missing.
+  # fp32, and with the input cast first in fp16; then the cnn at batch $batch in fp16 and fp32
+  # (its targets: fp16 >= 2x fp32 and >= 1.0x PyTorch AMP). Totalled per kernel by
+  # perf/gpu/ncu_summary.py, with each kernel's DRAM and SM throughput in percent of the peak:
+  # low in both is latency (too few loads in flight: the scalar 16-bit element-wise passes are
+  # the suspects), high SM and low DRAM is arithmetic. The 16-bit nn::Model was slower than the
+  # fp32 one here on 2026-11-29; these tables say where. Skipped where ncu is missing.
   if command -v ncu >/dev/null && [[ -x $gpu_bench ]]; then
-    stage "ncu: one nn::Model step, mlp, batch $big_batch: fp16, fp32, fp16 with the input cast first"
-    for run in mlp:fp16 mlp:fp32 "$mlp16_spec:fp16"; do
+    stage "ncu: one nn::Model step: mlp at batch $big_batch (fp16, fp32, fp16 with the input cast first), cnn at batch $batch (fp16, fp32)"
+    for run in "mlp:fp16:$big_batch" "mlp:fp32:$big_batch" "$mlp16_spec:fp16:$big_batch" \
+      "cnn:fp16:$batch" "cnn:fp32:$batch"; do
+      # MODEL:PRECISION:BATCH, split from the right: the mlp16 spec has colons of its own.
+      run_batch=${run##*:}
       model=${run%:*}
-      precision=${run##*:}
-      label=mlp
-      [[ $model != mlp ]] && label=mlp-cast-first
+      precision=${model##*:}
+      model=${model%:*}
+      label=$model
+      [[ $model == "$mlp16_spec" ]] && label=mlp-cast-first
       # LC_ALL=C: ncu formats values by the locale ("9,00" under a decimal comma), and the
       # summary reads a comma as a thousands separator.
       LC_ALL=C tmo 60 ncu --csv --print-units base --print-kernel-base function --clock-control none \
-        --profile-from-start off --metrics gpu__time_duration.sum \
+        --profile-from-start off --metrics "$ncu_metrics" \
         "$gpu_bench" --model "$model" --model-only --no-gemm --steps 1 --warmup 3 \
-        --batch "$big_batch" --precision "$precision" > "$build/ncu-$label-$precision.log" 2>&1
+        --batch "$run_batch" --precision "$precision" > "$build/ncu-$label-$precision.log" 2>&1
       "$python" perf/gpu/ncu_summary.py "$build/ncu-$label-$precision.log" \
-        --label "ncu: $label nn::Model, $precision, batch $big_batch" 2>&1 | tee -a "$build/ncu.txt"
+        --label "ncu: $label nn::Model, $precision, batch $run_batch" 2>&1 | tee -a "$build/ncu.txt"
       echo | tee -a "$build/ncu.txt"
     done
   else

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """perf/gpu/ncu_summary.py on ncu --csv output written the way ncu 2025 prints it: the program's
-own lines and ==PROF== lines mixed in, thousands separators, several time units, a second
-metric to ignore. Exits non-zero on the first wrong figure."""
+own lines and ==PROF== lines mixed in, thousands separators, several time units, a metric to
+ignore, and the optional DRAM and SM throughput percentages. Exits non-zero on the first wrong
+figure."""
 import subprocess
 import sys
 import tempfile
@@ -81,6 +82,37 @@ expect(foreign.returncode != 0 and "not ncu's --csv output" in foreign.stderr,
 bad_unit = summarise(HEADER + "\n" + row(0, "k", "furlong", "1") + "\n")
 expect(bad_unit.returncode != 0 and "unknown time unit 'furlong'" in bad_unit.stderr,
        "an unknown unit is an error, not a guess", bad_unit.stdout + bad_unit.stderr)
+
+# The throughput columns: each kernel's percentages weighted by its calls' times, a blank cell
+# where a kernel has no figure, and no columns at all without the metrics (above).
+DRAM = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
+SM = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
+RATES = "\n".join([
+    HEADER,
+    row(0, "batchnorm_apply", "usecond", "100"),
+    row(0, "batchnorm_apply", "%", "80", metric=DRAM),
+    row(0, "batchnorm_apply", "%", "10", metric=SM),
+    row(1, "conv_fprop", "usecond", "50"),
+    row(1, "conv_fprop", "%", "90", metric=DRAM),
+    row(2, "batchnorm_apply", "usecond", "300"),
+    row(2, "batchnorm_apply", "%", "40", metric=DRAM),
+    row(2, "batchnorm_apply", "%", "30", metric=SM),
+]) + "\n"
+rates = summarise(RATES, "--label", "r")
+rate_lines = [line for line in rates.stdout.splitlines() if line.startswith("| ")]
+expect(rates.returncode == 0 and "r: 3 kernels, 450.0 us of GPU time per step" in rates.stdout,
+       "percent rows are not launches of their own", rates.stdout + rates.stderr)
+expect(len(rate_lines) == 3 and rate_lines[0] == "| kernel | calls/step | us/step | share | DRAM % | SM % |",
+       "a column per throughput metric", rates.stdout)
+expect(len(rate_lines) == 3 and rate_lines[1] == "| batchnorm_apply | 2 | 400.0 | 88.9 % | 50 | 25 |",
+       "percentages weighted by time: (80*100 + 40*300) / 400, (10*100 + 30*300) / 400", rates.stdout)
+expect(len(rate_lines) == 3 and rate_lines[2] == "| conv_fprop | 1 | 50.0 | 11.1 % | 90 | |",
+       "a kernel without an SM figure gets a blank cell", rates.stdout)
+
+bad_percent = summarise(HEADER + "\n" + row(0, "k", "usecond", "1") + "\n"
+                        + row(0, "k", "byte", "7", metric=DRAM) + "\n")
+expect(bad_percent.returncode != 0 and "not '%'" in bad_percent.stderr,
+       "a throughput metric not in percent is an error", bad_percent.stdout + bad_percent.stderr)
 
 print(f"{passes} passed, {failures} failed")
 sys.exit(1 if failures else 0)
