@@ -237,8 +237,9 @@ __device__ inline void for_channel_slice(std::int64_t c, std::int64_t channels,
 // the cuDNN path's ReLU). A thread divides once, for its first element; then its position in
 // the plane and its channel step on with the grid's stride, STEP_AT = stride % PLANE and
 // STEP_C = stride / PLANE % CHANNELS, each with one carry at most (AT < PLANE and C < CHANNELS
-// before the step). Two 64-bit divisions per element (a called subroutine on the GPU, tens of
-// instructions) would leave a 16-bit pass bound by arithmetic rather than by memory.
+// before the step). Two 64-bit divisions per element (nvcc tests whether the operands fit in 32
+// bits, then divides in about twenty instructions, else in a 64-bit routine of many more) would
+// leave a 16-bit pass bound by arithmetic rather than by memory.
 template <class Body>
 __global__ void channel_elementwise_kernel(std::int64_t n, std::int64_t plane,
                                            std::int64_t channels, std::int64_t step_at,
