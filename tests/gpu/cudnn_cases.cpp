@@ -170,8 +170,9 @@ void cudnn_conv2d_cases(Harness& h, Random& rng) {
   // Odd planes, stride 2, pad 0/1/2, 1x1 kernels, C_in = 1, a kernel as large as the padded
   // plane, a fused ReLU, an f32 input under 16-bit storage (the model's first layer) and a
   // weight off a 16-byte boundary; and the cnn's 3x3, stride 1, pad 1 (where cuDNN ranks the
-  // Winograd transforms first). The last has 11,760 outputs, more than the emulated grid's
-  // 8,192 threads: the bias and ReLU pass steps its 14x14 planes and 10 channels on.
+  // Winograd transforms first). The last two have more outputs than the emulated grid's 8,192
+  // threads, so the bias and ReLU pass steps on: over 14x14 planes and 10 channels, and over
+  // 96x96 planes longer than the stride (the bias gradient then takes two slices a channel).
   const ConvShape shapes[] = {
       {4, 3, 8, 8, 6, 3, 1, 1, true, true, false},
       {3, 1, 13, 11, 5, 3, 2, 1, false, false, false},
@@ -181,6 +182,7 @@ void cudnn_conv2d_cases(Harness& h, Random& rng) {
       {1, 4, 6, 5, 2, 1, 2, 2, true, true, true},
       {2, 3, 5, 5, 7, 7, 1, 1, false, false, false},
       {6, 3, 14, 14, 10, 3, 1, 1, true, false, false},
+      {1, 1, 96, 96, 2, 3, 1, 1, true, false, false},
   };
   for (DType dtype : {DType::f32, DType::f16, DType::bf16})
     for (const ConvShape& s : shapes) check_conv(h, rng, s, dtype);
