@@ -105,16 +105,6 @@ double* slice_scratch() {
   return scratch;
 }
 
-// Block (c, slice)'s elements of channel c: slice blockIdx.y of SLICES equal parts.
-struct SliceRange {
-  std::int64_t begin, end;
-};
-__device__ inline SliceRange slice_range(std::int64_t count, int slices) {
-  const std::int64_t per_slice = (count + slices - 1) / slices;
-  const std::int64_t begin = per_slice * blockIdx.y;
-  return {begin, begin + per_slice < count ? begin + per_slice : count};
-}
-
 // Channel C's totals FIRST and SECOND into SUMS[c] and SUMS[C + c], SECOND times SCALE[c] in
 // double where SCALE is given (the backward sums' invstd), each rounded to f32 once.
 __device__ inline void store_sums(double first, double second, std::int64_t c,

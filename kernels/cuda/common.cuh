@@ -232,6 +232,17 @@ __device__ inline void for_channel_slice(std::int64_t c, std::int64_t channels,
   }
 }
 
+// Block (c, slice)'s elements of channel c's COUNT: slice blockIdx.y of SLICES equal parts (the
+// sliced per-channel sums of BatchNorm and of the cuDNN path's bias gradient).
+struct SliceRange {
+  std::int64_t begin, end;
+};
+__device__ inline SliceRange slice_range(std::int64_t count, int slices) {
+  const std::int64_t per_slice = (count + slices - 1) / slices;
+  const std::int64_t begin = per_slice * blockIdx.y;
+  return {begin, begin + per_slice < count ? begin + per_slice : count};
+}
+
 // BODY(i, c) for i in [0, N) of a [.., CHANNELS, PLANE] tensor, c = i / PLANE % CHANNELS: the
 // per-channel elementwise passes (bias add, BatchNorm apply and dx, the conv paths' bias, with
 // the cuDNN path's ReLU). A thread divides once, for its first element; then its position in

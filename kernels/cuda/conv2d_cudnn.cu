@@ -166,11 +166,9 @@ template <class Load>
 __global__ void channel_sum_partials(Load load, std::int64_t channels, std::int64_t positions,
                                      std::int64_t total, int slices, float* partials) {
   const std::int64_t channel = blockIdx.x;
-  const std::int64_t per_slice = (total + slices - 1) / slices;
-  const std::int64_t begin = per_slice * blockIdx.y;
-  const std::int64_t end = begin + per_slice < total ? begin + per_slice : total;
+  const SliceRange range = slice_range(total, slices);
   float sum = 0.f;
-  for_channel_slice(channel, channels, positions, begin, end,
+  for_channel_slice(channel, channels, positions, range.begin, range.end,
                     [&](std::int64_t i) { sum += load(i); });
   __shared__ float lanes[kThreads];
   lanes[threadIdx.x] = sum;
